@@ -1,0 +1,27 @@
+//! The `loaderx._native` extension module: a thin PyO3 layer over the
+//! `loaderx` engine crate. Every call that touches storage, compression or
+//! sampling runs with the GIL released; Python-facing checks and NumPy
+//! wrapping live in the `loaderx` Python package.
+
+use pyo3::prelude::*;
+
+mod dict;
+mod errors;
+mod sampler;
+mod store;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(pool_threads, m)?)?;
+    store::register(m)?;
+    dict::register(m)?;
+    sampler::register(m)?;
+    Ok(())
+}
+
+/// Number of threads in the process-wide worker pool.
+#[pyfunction]
+fn pool_threads(py: Python<'_>) -> usize {
+    py.detach(loaderx::pool::threads)
+}

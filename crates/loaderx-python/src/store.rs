@@ -1,0 +1,452 @@
+//! Store handles: the native halves of `loaderx.zrecord.Dense` and `Ragged`.
+//!
+//! The Python classes validate arguments and shape results; these handles
+//! move bytes. Writers sit behind a mutex (appends are serialised, as the
+//! format requires); readers behind an `Arc`, so `close()` never frees a map
+//! that a gather on another thread is still reading.
+
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+
+use loaderx::schema::{DType, Kind, Schema};
+use loaderx::store::{CreateOptions, RaggedBatch, RaggedRecord, StoreReader, StoreWriter};
+use loaderx::{Codec, Error};
+use numpy::npyffi::{self, npy_intp, NpyTypes, NPY_ARRAY_WRITEABLE, PY_ARRAY_API};
+use numpy::{
+    PyArray1, PyArrayDescr, PyArrayDescrMethods, PyReadonlyArray1, PyReadwriteArray1,
+    PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+use crate::errors::IntoPyResult;
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<WriterHandle>()?;
+    m.add_class::<ReaderHandle>()?;
+    Ok(())
+}
+
+fn parse_kind(kind: &str) -> PyResult<Kind> {
+    match kind {
+        "dense" => Ok(Kind::Dense),
+        "ragged" => Ok(Kind::Ragged),
+        other => Err(PyValueError::new_err(format!(
+            "unknown store kind {other:?}"
+        ))),
+    }
+}
+
+fn closed_error(what: &str) -> PyErr {
+    PyRuntimeError::new_err(format!("{what} is closed"))
+}
+
+/// Native writer handle.
+#[pyclass(frozen, module = "loaderx._native")]
+pub struct WriterHandle {
+    inner: Mutex<Option<StoreWriter>>,
+}
+
+#[pymethods]
+impl WriterHandle {
+    /// Creates a store. `item_shape` is given for Dense stores only.
+    #[staticmethod]
+    #[pyo3(signature = (path, kind, dtype, item_shape, codec, dict_bytes=None))]
+    fn create(
+        py: Python<'_>,
+        path: PathBuf,
+        kind: &str,
+        dtype: &str,
+        item_shape: Option<Vec<u64>>,
+        codec: &str,
+        dict_bytes: Option<&Bound<'_, PyBytes>>,
+    ) -> PyResult<Self> {
+        let kind = parse_kind(kind)?;
+        let codec = Codec::from_name(codec).py(py)?;
+        let dtype = DType::parse(dtype).py(py)?;
+        let schema = match (kind, item_shape) {
+            (Kind::Dense, Some(shape)) => Schema::dense(dtype, shape).py(py)?,
+            (Kind::Ragged, None) => Schema::ragged(dtype),
+            _ => {
+                return Err(PyValueError::new_err(
+                    "item_shape is given exactly for Dense stores",
+                ))
+            }
+        };
+        let dict = dict_bytes.map(|b| b.as_bytes().to_vec());
+        let writer = py
+            .detach(|| StoreWriter::create(&path, schema, CreateOptions { codec, dict }))
+            .py(py)?;
+        Ok(WriterHandle {
+            inner: Mutex::new(Some(writer)),
+        })
+    }
+
+    /// Appends Dense records given as their C-order bytes.
+    fn append_dense(&self, py: Python<'_>, data: PyReadonlyArray1<'_, u8>) -> PyResult<()> {
+        let bytes = data.as_slice()?;
+        self.with_writer(py, |w| w.append_dense(bytes))
+    }
+
+    /// Appends Ragged records: `items` is a list of ndarrays of `dtype`.
+    fn append_ragged(
+        &self,
+        py: Python<'_>,
+        items: &Bound<'_, PyList>,
+        dtype: &Bound<'_, PyArrayDescr>,
+    ) -> PyResult<()> {
+        let n = items.len();
+        // Keeps every array (and any contiguous copy) alive while the
+        // engine reads their memory without the GIL.
+        let mut arrays: Vec<Bound<'_, PyUntypedArray>> = Vec::with_capacity(n);
+        let mut shapes: Vec<Vec<u64>> = Vec::with_capacity(n);
+        let numpy = py.import("numpy")?;
+        for (pos, item) in items.iter().enumerate() {
+            let array = item.cast::<PyUntypedArray>().map_err(|_| {
+                let type_name = item
+                    .get_type()
+                    .name()
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|_| "?".into());
+                PyTypeError::new_err(format!(
+                    "Ragged.append takes an iterable of numpy.ndarray; item {pos} is {type_name} \
+                     (convert it with numpy.asarray first)"
+                ))
+            })?;
+            let item_dtype = array.dtype();
+            if !item_dtype.is_equiv_to(dtype) {
+                return Err(PyValueError::new_err(format!(
+                    "item {pos} has dtype {} but the store holds {}",
+                    item_dtype.str()?,
+                    dtype.str()?
+                )));
+            }
+            let array = if array.is_c_contiguous() {
+                array.clone()
+            } else {
+                numpy
+                    .call_method1("ascontiguousarray", (array,))?
+                    .cast_into::<PyUntypedArray>()?
+            };
+            shapes.push(array.shape().iter().map(|&d| d as u64).collect());
+            arrays.push(array);
+        }
+        let itemsize = dtype.itemsize();
+        let records: Vec<RaggedRecord<'_>> = arrays
+            .iter()
+            .zip(&shapes)
+            .map(|(array, shape)| {
+                let len = array.shape().iter().product::<usize>() * itemsize;
+                let payload: &[u8] = if len == 0 {
+                    &[]
+                } else {
+                    // SAFETY: the array is C-contiguous, so its `len` bytes
+                    // start at its data pointer; `arrays` holds a reference to
+                    // it (and so to its buffer) until this call returns.
+                    unsafe {
+                        std::slice::from_raw_parts(
+                            (*array.as_array_ptr()).fields.data as *const u8,
+                            len,
+                        )
+                    }
+                };
+                RaggedRecord { shape, payload }
+            })
+            .collect();
+        self.with_writer(py, |w| w.append_ragged(&records))
+    }
+
+    /// Commits the store; `durable` flushes payload and table to stable
+    /// storage before the header, and the header before returning.
+    #[pyo3(signature = (durable=false))]
+    fn close(&self, py: Python<'_>, durable: bool) -> PyResult<()> {
+        let inner = &self.inner;
+        py.detach(|| {
+            let mut guard = inner.lock().expect("writer lock poisoned");
+            if let Some(w) = guard.as_mut() {
+                w.close(durable)?;
+            }
+            *guard = None;
+            Ok::<(), Error>(())
+        })
+        .py(py)
+    }
+
+    /// Records appended so far.
+    fn __len__(&self) -> PyResult<usize> {
+        let guard = self.inner.lock().expect("writer lock poisoned");
+        match guard.as_ref() {
+            Some(w) => Ok(w.len() as usize),
+            None => Err(closed_error("the writer")),
+        }
+    }
+
+    /// Whether the store carries a dictionary.
+    fn has_dict(&self) -> PyResult<bool> {
+        let guard = self.inner.lock().expect("writer lock poisoned");
+        match guard.as_ref() {
+            Some(w) => Ok(w.has_dict()),
+            None => Err(closed_error("the writer")),
+        }
+    }
+
+    /// Whether `close()` has run.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.lock().expect("writer lock poisoned").is_none()
+    }
+}
+
+impl WriterHandle {
+    fn with_writer<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut StoreWriter) -> Result<T, Error> + Send,
+    ) -> PyResult<T> {
+        let inner = &self.inner;
+        let result = py.detach(|| {
+            let mut guard = inner.lock().expect("writer lock poisoned");
+            guard.as_mut().map(f)
+        });
+        match result {
+            Some(r) => r.py(py),
+            None => Err(closed_error("the writer")),
+        }
+    }
+}
+
+/// Native reader handle.
+#[pyclass(frozen, module = "loaderx._native")]
+pub struct ReaderHandle {
+    inner: RwLock<Option<Arc<StoreReader>>>,
+    kind: Kind,
+    dtype: String,
+    item_shape: Option<Vec<u64>>,
+    width: usize,
+    codec: Codec,
+    length: u64,
+    has_dict: bool,
+}
+
+#[pymethods]
+impl ReaderHandle {
+    /// Opens a committed store as `kind` ("dense" or "ragged").
+    #[staticmethod]
+    fn open(py: Python<'_>, path: PathBuf, kind: &str) -> PyResult<Self> {
+        let kind = parse_kind(kind)?;
+        let reader = py.detach(|| StoreReader::open(&path, kind)).py(py)?;
+        let schema = reader.schema().clone();
+        let item_shape = match &schema {
+            Schema::Dense { item_shape, .. } => Some(item_shape.clone()),
+            Schema::Ragged { .. } => None,
+        };
+        Ok(ReaderHandle {
+            kind,
+            dtype: schema.dtype().descr().to_owned(),
+            item_shape,
+            width: schema.record_width().unwrap_or(0) as usize,
+            codec: reader.codec(),
+            length: reader.len(),
+            has_dict: reader.dict_bytes().is_some(),
+            inner: RwLock::new(Some(Arc::new(reader))),
+        })
+    }
+
+    /// The stored dtype string (`dtype.str`).
+    #[getter]
+    fn dtype(&self) -> &str {
+        &self.dtype
+    }
+
+    /// The Dense item shape, `None` for Ragged.
+    #[getter]
+    fn item_shape(&self) -> Option<Vec<u64>> {
+        self.item_shape.clone()
+    }
+
+    /// The codec name.
+    #[getter]
+    fn codec(&self) -> &'static str {
+        self.codec.name()
+    }
+
+    /// Bytes per Dense record (0 for Ragged).
+    #[getter]
+    fn record_width(&self) -> usize {
+        self.width
+    }
+
+    /// Whether the store carries a dictionary.
+    fn has_dict(&self) -> bool {
+        self.has_dict
+    }
+
+    /// The dictionary bytes, or None.
+    fn dict_bytes<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let reader = self.reader()?;
+        Ok(reader.dict_bytes().map(|d| PyBytes::new(py, d)))
+    }
+
+    fn __len__(&self) -> usize {
+        self.length as usize
+    }
+
+    /// Whether `close()` has run.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.read().expect("reader lock poisoned").is_none()
+    }
+
+    /// Releases the store (its maps and lock) once no gather uses it.
+    fn close(&self) {
+        self.inner.write().expect("reader lock poisoned").take();
+    }
+
+    /// Mean logical bytes per record over up to `probe` evenly spread records.
+    fn mean_record_bytes(&self, py: Python<'_>, probe: u64) -> PyResult<f64> {
+        let reader = self.reader()?;
+        py.detach(|| {
+            let n = reader.len();
+            if n == 0 {
+                return Ok(0.0);
+            }
+            let k = probe.clamp(1, n);
+            let mut total = 0u64;
+            for j in 0..k {
+                total += reader.loc(j * n / k)?.logic_length as u64;
+            }
+            Ok::<f64, Error>(total as f64 / k as f64)
+        })
+        .py(py)
+    }
+
+    /// Gathers Dense records `indices` into `out`, a uint8 view of a
+    /// C-contiguous array of exactly `len(indices) * record_width` bytes.
+    fn gather_dense(
+        &self,
+        py: Python<'_>,
+        indices: PyReadonlyArray1<'_, i64>,
+        mut out: PyReadwriteArray1<'_, u8>,
+    ) -> PyResult<()> {
+        if self.kind != Kind::Dense {
+            return Err(PyRuntimeError::new_err("gather_dense on a Ragged store"));
+        }
+        let reader = self.reader()?;
+        let indices = to_indices(indices.as_slice()?, self.length)?;
+        let out = out.as_slice_mut()?;
+        let width = self.width;
+        py.detach(|| reader.gather_fixed(&indices, width, out))
+            .py(py)
+    }
+
+    /// Gathers Ragged records `indices` as a list of arrays of `dtype` that
+    /// view one shared buffer.
+    fn gather_ragged<'py>(
+        &self,
+        py: Python<'py>,
+        indices: PyReadonlyArray1<'_, i64>,
+        dtype: &Bound<'py, PyArrayDescr>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        if self.kind != Kind::Ragged {
+            return Err(PyRuntimeError::new_err("gather_ragged on a Dense store"));
+        }
+        let reader = self.reader()?;
+        let indices = to_indices(indices.as_slice()?, self.length)?;
+        let itemsize = dtype.itemsize() as u64;
+        let batch = py
+            .detach(|| {
+                let (data, ranges) = reader.gather_var(&indices)?;
+                RaggedBatch::from_gather(data, ranges, &indices, itemsize)
+            })
+            .py(py)?;
+        ragged_list(py, batch, dtype)
+    }
+}
+
+impl ReaderHandle {
+    fn reader(&self) -> PyResult<Arc<StoreReader>> {
+        self.inner
+            .read()
+            .expect("reader lock poisoned")
+            .clone()
+            .ok_or_else(|| closed_error("the reader"))
+    }
+}
+
+/// Converts Python indices, refusing negative ones with an IndexError.
+fn to_indices(indices: &[i64], length: u64) -> PyResult<Vec<u64>> {
+    indices
+        .iter()
+        .map(|&i| {
+            u64::try_from(i).map_err(|_| {
+                PyIndexError::new_err(format!(
+                    "index {i} is out of range for a store of {length} records"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Wraps a Ragged batch as a list of arrays viewing one buffer: the buffer
+/// becomes a uint8 array (no copy) that every record's array keeps alive as
+/// its base.
+fn ragged_list<'py>(
+    py: Python<'py>,
+    batch: RaggedBatch,
+    dtype: &Bound<'py, PyArrayDescr>,
+) -> PyResult<Bound<'py, PyList>> {
+    let n = batch.len();
+    let shapes: Vec<Vec<npy_intp>> = (0..n)
+        .map(|i| batch.shape(i).iter().map(|&d| d as npy_intp).collect())
+        .collect();
+    let ranges: Vec<std::ops::Range<usize>> = (0..n).map(|i| batch.payload_range(i)).collect();
+    let base = PyArray1::<u8>::from_vec(py, batch.into_data());
+    // SAFETY: `base` is a live array object; reading its data pointer field is sound.
+    let base_ptr = unsafe { (*base.as_array_ptr()).fields.data as *mut u8 };
+    let list = PyList::empty(py);
+    for (shape, range) in shapes.into_iter().zip(ranges) {
+        let record = record_view(py, &base, base_ptr, range.start, shape, dtype)?;
+        list.append(record)?;
+    }
+    Ok(list)
+}
+
+fn record_view<'py>(
+    py: Python<'py>,
+    base: &Bound<'py, PyArray1<u8>>,
+    base_ptr: *mut u8,
+    offset: usize,
+    mut shape: Vec<npy_intp>,
+    dtype: &Bound<'py, PyArrayDescr>,
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: `offset` lies inside the base buffer together with the
+    // record's whole payload (the engine checked the shape against the
+    // payload length). PyArray_NewFromDescr steals one reference to the
+    // descriptor, so we add one first; PyArray_SetBaseObject steals one
+    // reference to the base, which keeps the buffer alive as long as the
+    // view. Null results are turned into the pending Python exception.
+    unsafe {
+        let descr = dtype.as_dtype_ptr();
+        pyo3::ffi::Py_INCREF(descr.cast());
+        let array_type = npyffi::get_type_object(py, NpyTypes::PyArray_Type);
+        let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            array_type,
+            descr,
+            shape.len() as i32,
+            shape.as_mut_ptr(),
+            std::ptr::null_mut(),
+            base_ptr.add(offset) as *mut c_void,
+            NPY_ARRAY_WRITEABLE,
+            std::ptr::null_mut(),
+        );
+        let view = Bound::from_owned_ptr_or_err(py, ptr)?;
+        pyo3::ffi::Py_INCREF(base.as_ptr());
+        if PY_ARRAY_API.PyArray_SetBaseObject(py, ptr.cast(), base.as_ptr()) < 0 {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(view)
+    }
+}

@@ -1,0 +1,34 @@
+//! # loaderx
+//!
+//! The engine behind the `loaderx` Python package, usable directly from Rust:
+//!
+//! * [`store`]: Zrecord, an append-only-then-immutable record store on disk,
+//!   byte-compatible with loaderx 2.0.0. [`store::DenseWriter`] /
+//!   [`store::DenseReader`] hold fixed-shape records, [`store::RaggedWriter`] /
+//!   [`store::RaggedReader`] records of any shape. One codec per store
+//!   ([`Codec`]): raw, zstd, or zstd with a trained dictionary ([`dict`]).
+//! * [`sampler`]: index batches (sequential, IID, cyclic), each a pure
+//!   function of `(seed, step)`.
+//!
+//! Batched gathers and appends fan out over one process-wide thread pool
+//! ([`pool`]).
+//!
+//! The format is documented in [`format`]; errors in [`Error`].
+
+#[cfg(target_endian = "big")]
+compile_error!("the Zrecord format is little-endian; big-endian hosts are not supported");
+
+mod codec;
+pub mod dict;
+pub mod error;
+pub mod format;
+mod io;
+pub mod pool;
+pub mod sampler;
+pub mod schema;
+pub mod store;
+
+pub use codec::{ZSTD_DICT_LEVEL, ZSTD_LEVEL};
+pub use error::{Error, Result};
+pub use format::Codec;
+pub use schema::{DType, Kind, Schema};

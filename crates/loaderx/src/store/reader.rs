@@ -1,0 +1,466 @@
+//! The read-only store handle and its batched gathers.
+//!
+//! `open` validates everything that can be checked without touching every
+//! record (header, schema, file sizes, dictionary presence) and maps
+//! `meta.zr` and `data.zr` read-only. A gather then costs no system call per
+//! record: each table entry is read from the map, checked against the
+//! committed tail, and its frame decoded straight into the destination.
+//!
+//! The shared lock held for the reader's whole life keeps cooperating
+//! writers (ours and loaderx 2.0.0's) away, so the mapped files do not change
+//! underneath it. Readers are `Sync`: any number of threads may gather at once.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use rayon::prelude::*;
+use zstd::dict::DecoderDictionary;
+
+use crate::codec::{self, Decoder};
+use crate::error::{Error, Result};
+use crate::format::{
+    Codec, Header, RecordLoc, DATA_FILE, DICT_FILE, HEADER_SIZE, LOC_SIZE, META_FILE, PAGE_SIZE,
+};
+use crate::io::{self, LockMode};
+use crate::pool;
+use crate::schema::{Kind, Schema};
+use crate::store::geometry::parse_ragged;
+
+/// Output bytes below which a gather runs on the calling thread: waking the
+/// pool costs more than copying or decoding this much.
+const INLINE_BYTES: usize = 256 << 10;
+/// Alignment of each record's slot in a Ragged gather buffer.
+const SLOT_ALIGN: usize = 16;
+
+/// An open, read-only store of either kind.
+pub struct StoreReader {
+    dir: PathBuf,
+    schema: Schema,
+    header: Header,
+    // Holds the shared lock for the reader's lifetime.
+    _meta_file: File,
+    meta: Option<Mmap>,
+    data: Option<Mmap>,
+    dict: Option<Vec<u8>>,
+    ddict: Option<DecoderDictionary<'static>>,
+}
+
+impl std::fmt::Debug for StoreReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreReader")
+            .field("dir", &self.dir)
+            .field("schema", &self.schema)
+            .field("header", &self.header)
+            .finish()
+    }
+}
+
+fn map_file(file: &File, path: &Path) -> Result<Option<Mmap>> {
+    let len = file
+        .metadata()
+        .map_err(|e| Error::io(format!("reading the size of {}", path.display()), e))?
+        .len();
+    if len == 0 {
+        return Ok(None);
+    }
+    // SAFETY: the map is read-only and the store's shared lock keeps
+    // cooperating writers out for the reader's lifetime; a committed store is
+    // never modified in place. Every access is bounds-checked against the
+    // lengths validated in `open`.
+    let map = unsafe { Mmap::map(file) }
+        .map_err(|e| Error::io(format!("mapping {}", path.display()), e))?;
+    Ok(Some(map))
+}
+
+impl StoreReader {
+    /// Opens the committed store at `dir` as `kind`.
+    pub fn open(dir: impl AsRef<Path>, kind: Kind) -> Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        let meta_path = dir.join(META_FILE);
+        let meta_file = File::open(&meta_path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::NotFound {
+                path: dir.clone(),
+                reason: if dir.is_dir() {
+                    format!("the directory has no {META_FILE}")
+                } else {
+                    "no such directory".into()
+                },
+            },
+            _ => Error::io(format!("opening {}", meta_path.display()), e),
+        })?;
+        io::try_lock(&meta_file, LockMode::Shared, &meta_path)?;
+
+        let meta_len = meta_file
+            .metadata()
+            .map_err(|e| Error::io(format!("reading the size of {}", meta_path.display()), e))?
+            .len();
+        if meta_len < PAGE_SIZE {
+            return Err(Error::InvalidFormat(format!(
+                "{} is {meta_len} bytes, shorter than its {PAGE_SIZE}-byte static page",
+                meta_path.display()
+            )));
+        }
+        let mut page = vec![0u8; PAGE_SIZE as usize];
+        io::read_exact_at(&meta_file, &mut page, 0)
+            .map_err(|e| Error::io(format!("reading {}", meta_path.display()), e))?;
+        let header = Header::decode(page[..HEADER_SIZE].try_into().expect("32 bytes"))?;
+        let schema_end = HEADER_SIZE + header.schema_length as usize;
+        let schema = Schema::decode(&page[HEADER_SIZE..schema_end], kind)?;
+
+        let table_end = header.meta_len_required()?;
+        if meta_len < table_end {
+            return Err(Error::InvalidFormat(format!(
+                "{} is {meta_len} bytes but its {} records need {table_end}",
+                meta_path.display(),
+                header.length
+            )));
+        }
+
+        let data_path = dir.join(DATA_FILE);
+        let data_file = File::open(&data_path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                Error::InvalidFormat(format!("{} is missing", data_path.display()))
+            }
+            _ => Error::io(format!("opening {}", data_path.display()), e),
+        })?;
+        let data_len = data_file
+            .metadata()
+            .map_err(|e| Error::io(format!("reading the size of {}", data_path.display()), e))?
+            .len();
+        if data_len < header.tail_offset {
+            return Err(Error::InvalidFormat(format!(
+                "{} is {data_len} bytes, shorter than its committed end {}",
+                data_path.display(),
+                header.tail_offset
+            )));
+        }
+
+        let dict_path = dir.join(DICT_FILE);
+        let dict = match std::fs::read(&dict_path) {
+            Ok(bytes) => Some(bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Error::io(format!("reading {}", dict_path.display()), e)),
+        };
+        let ddict = match (header.codec, &dict) {
+            (Codec::ZstdDict, Some(d)) if !d.is_empty() => Some(codec::decoder_dictionary(d)?),
+            (Codec::ZstdDict, _) => {
+                return Err(Error::InvalidFormat(format!(
+                    "a zstd_dict store needs a non-empty {DICT_FILE}"
+                )))
+            }
+            (_, Some(_)) => {
+                return Err(Error::InvalidFormat(format!(
+                    "a {} store must not have a {DICT_FILE}",
+                    header.codec.name()
+                )))
+            }
+            (_, None) => None,
+        };
+
+        let meta = if header.length > 0 {
+            map_file(&meta_file, &meta_path)?
+        } else {
+            None
+        };
+        let data = if header.tail_offset > 0 {
+            map_file(&data_file, &data_path)?
+        } else {
+            None
+        };
+        Ok(StoreReader {
+            dir,
+            schema,
+            header,
+            _meta_file: meta_file,
+            meta,
+            data,
+            dict,
+            ddict,
+        })
+    }
+
+    /// The store directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The stored schema.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// The store's codec.
+    pub fn codec(&self) -> Codec {
+        self.header.codec
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> u64 {
+        self.header.length
+    }
+
+    /// Whether the store holds no records.
+    pub fn is_empty(&self) -> bool {
+        self.header.length == 0
+    }
+
+    /// End of the committed payload in `data.zr`.
+    pub fn tail_offset(&self) -> u64 {
+        self.header.tail_offset
+    }
+
+    /// The dictionary bytes (`dict.zr`), for zstd_dict stores.
+    pub fn dict_bytes(&self) -> Option<&[u8]> {
+        self.dict.as_deref()
+    }
+
+    /// The validated table entry of record `index`.
+    #[inline]
+    pub fn loc(&self, index: u64) -> Result<RecordLoc> {
+        if index >= self.header.length {
+            return Err(Error::IndexOutOfRange(format!(
+                "index {index} is out of range for a store of {} records",
+                self.header.length
+            )));
+        }
+        let table = self.meta.as_deref().expect("mapped when length > 0");
+        let at = (PAGE_SIZE + index * LOC_SIZE as u64) as usize;
+        let loc = RecordLoc::decode(&table[at..at + LOC_SIZE]);
+        loc.validate(index, self.header.codec, self.header.tail_offset)?;
+        Ok(loc)
+    }
+
+    /// The stored bytes of a validated entry.
+    #[inline]
+    fn frame(&self, loc: &RecordLoc) -> &[u8] {
+        let data = self.data.as_deref().expect("mapped when tail_offset > 0");
+        let start = loc.offset as usize;
+        &data[start..start + loc.phys_length as usize]
+    }
+
+    fn decoder(&self) -> Result<Decoder<'_>> {
+        Decoder::new(self.header.codec, self.ddict.as_ref())
+    }
+
+    /// Checks every index before any work starts, so an out-of-range index
+    /// fails the whole request up front.
+    fn check_indices(&self, indices: &[u64]) -> Result<()> {
+        let n = self.header.length;
+        if let Some(&bad) = indices.iter().find(|&&i| i >= n) {
+            return Err(Error::IndexOutOfRange(format!(
+                "index {bad} is out of range for a store of {n} records"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Decodes fixed-width records `indices` into `out`, `width` bytes each,
+    /// in order. A record whose stored size is not `width` is corrupt.
+    pub fn gather_fixed(&self, indices: &[u64], width: usize, out: &mut [u8]) -> Result<()> {
+        let needed = indices.len().checked_mul(width);
+        if needed != Some(out.len()) {
+            return Err(Error::BufferTooSmall(format!(
+                "{} records of {width} bytes need {:?} bytes, the buffer has {}",
+                indices.len(),
+                needed,
+                out.len()
+            )));
+        }
+        if width == 0 || indices.is_empty() {
+            return Ok(());
+        }
+        self.check_indices(indices)?;
+        let run = |idx: &[u64], dst: &mut [u8], dec: &mut Decoder<'_>| -> Result<()> {
+            for (&i, slot) in idx.iter().zip(dst.chunks_exact_mut(width)) {
+                let loc = self.loc(i)?;
+                if loc.logic_length as usize != width {
+                    return Err(Error::Corrupt(format!(
+                        "record {i} holds {} bytes but the schema makes records {width} bytes",
+                        loc.logic_length
+                    )));
+                }
+                dec.decode_into(i, self.frame(&loc), slot)?;
+            }
+            Ok(())
+        };
+        if out.len() <= INLINE_BYTES || indices.len() == 1 {
+            return run(indices, out, &mut self.decoder()?);
+        }
+        let per_task = pool::task_len(indices.len(), (INLINE_BYTES / 4 / width).max(1));
+        pool::pool().install(|| {
+            indices
+                .par_chunks(per_task)
+                .zip(out.par_chunks_mut(per_task * width))
+                .try_for_each_init(
+                    || self.decoder(),
+                    |dec, (idx, dst)| match dec {
+                        Ok(dec) => run(idx, dst, dec),
+                        Err(e) => Err(Error::OutOfMemory(e.to_string())),
+                    },
+                )
+        })
+    }
+
+    /// Decodes variable-size records `indices` into one new buffer, each at
+    /// a 16-byte-aligned slot; returns the buffer and each record's byte
+    /// range in it. The buffer is as large as the requested records' logical
+    /// sizes (plus alignment), never more.
+    pub fn gather_var(&self, indices: &[u64]) -> Result<(Vec<u8>, Vec<std::ops::Range<usize>>)> {
+        self.check_indices(indices)?;
+        let mut locs = Vec::with_capacity(indices.len());
+        let mut ranges = Vec::with_capacity(indices.len());
+        let mut total = 0usize;
+        for &i in indices {
+            let loc = self.loc(i)?;
+            let start = total.next_multiple_of(SLOT_ALIGN);
+            let end = start
+                .checked_add(loc.logic_length as usize)
+                .ok_or_else(|| Error::OutOfMemory("gather size overflows".into()))?;
+            ranges.push(start..end);
+            locs.push(loc);
+            total = end;
+        }
+        let mut buf = zeroed_buffer(total).ok_or_else(|| {
+            Error::OutOfMemory(format!(
+                "cannot allocate {total} bytes for {} records",
+                indices.len()
+            ))
+        })?;
+
+        // Disjoint slots, so tasks can fill them in parallel.
+        let mut slots: Vec<&mut [u8]> = Vec::with_capacity(ranges.len());
+        let mut rest: &mut [u8] = &mut buf;
+        let mut consumed = 0usize;
+        for r in &ranges {
+            let (_, tail) = rest.split_at_mut(r.start - consumed);
+            let (slot, tail) = tail.split_at_mut(r.len());
+            slots.push(slot);
+            rest = tail;
+            consumed = r.end;
+        }
+        let work: Vec<(u64, &RecordLoc, &mut [u8])> = indices
+            .iter()
+            .copied()
+            .zip(locs.iter())
+            .zip(slots)
+            .map(|((i, l), s)| (i, l, s))
+            .collect();
+        let run = |dec: &mut Decoder<'_>, (i, loc, slot): (u64, &RecordLoc, &mut [u8])| {
+            dec.decode_into(i, self.frame(loc), slot)
+        };
+        if total <= INLINE_BYTES || work.len() == 1 {
+            let mut dec = self.decoder()?;
+            for item in work {
+                run(&mut dec, item)?;
+            }
+        } else {
+            let per_task = pool::task_len(work.len(), 4);
+            pool::pool().install(|| {
+                work.into_par_iter()
+                    .with_min_len(per_task)
+                    .try_for_each_init(
+                        || self.decoder(),
+                        |dec, item| match dec {
+                            Ok(dec) => run(dec, item),
+                            Err(e) => Err(Error::OutOfMemory(e.to_string())),
+                        },
+                    )
+            })?;
+        }
+        Ok((buf, ranges))
+    }
+}
+
+/// A zero-filled buffer of `len` bytes, or `None` when the allocation fails.
+///
+/// `alloc_zeroed` lets the allocator hand out fresh zero pages without a
+/// memset pass, which a large gather buffer would otherwise pay before the
+/// records are decoded into it; and unlike `vec![0; len]` a failure is an
+/// error rather than an abort.
+fn zeroed_buffer(len: usize) -> Option<Vec<u8>> {
+    if len == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(len).ok()?;
+    // SAFETY: the layout has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of a
+    // `[u8; len]` (alignment 1), all `len` bytes are initialised (zero), and
+    // length and capacity both equal the allocated size.
+    Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
+}
+
+/// One Ragged gather: every record's bytes in one buffer, with their shapes.
+#[derive(Debug, Default)]
+pub struct RaggedBatch {
+    data: Vec<u8>,
+    payloads: Vec<std::ops::Range<usize>>,
+    shape_starts: Vec<usize>,
+    dims: Vec<u64>,
+}
+
+impl RaggedBatch {
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.payloads.len()
+    }
+
+    /// Whether the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.payloads.is_empty()
+    }
+
+    /// Shape of record `i`.
+    pub fn shape(&self, i: usize) -> &[u64] {
+        &self.dims[self.shape_starts[i]..self.shape_starts[i + 1]]
+    }
+
+    /// Byte range of record `i`'s payload in [`data`](Self::data).
+    pub fn payload_range(&self, i: usize) -> std::ops::Range<usize> {
+        self.payloads[i].clone()
+    }
+
+    /// C-order bytes of record `i`.
+    pub fn payload(&self, i: usize) -> &[u8] {
+        &self.data[self.payloads[i].clone()]
+    }
+
+    /// The shared buffer holding every record.
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Takes the shared buffer out of the batch.
+    pub fn into_data(self) -> Vec<u8> {
+        self.data
+    }
+
+    /// Builds the batch from [`StoreReader::gather_var`] output, parsing and
+    /// checking every record's shape prefix.
+    pub fn from_gather(
+        data: Vec<u8>,
+        ranges: Vec<std::ops::Range<usize>>,
+        indices: &[u64],
+        itemsize: u64,
+    ) -> Result<RaggedBatch> {
+        let mut payloads = Vec::with_capacity(ranges.len());
+        let mut shape_starts = Vec::with_capacity(ranges.len() + 1);
+        let mut dims = Vec::new();
+        shape_starts.push(0);
+        for (r, &i) in ranges.iter().zip(indices) {
+            let prefix = parse_ragged(i, &data[r.clone()], itemsize, &mut dims)?;
+            payloads.push(r.start + prefix..r.end);
+            shape_starts.push(dims.len());
+        }
+        Ok(RaggedBatch {
+            data,
+            payloads,
+            shape_starts,
+            dims,
+        })
+    }
+}

@@ -1,0 +1,535 @@
+//! The append-only writer.
+//!
+//! Commit protocol (what makes an interrupted build detectable):
+//! 1. `create` writes a static page whose header has `schema_length == 0`,
+//!    which every reader refuses, then the schema bytes and the dictionary.
+//! 2. Each `append` writes its payload past the committed tail, then its
+//!    table entries, and only then advances the in-memory length and tail. A
+//!    failed append leaves both unchanged, so it logically writes nothing.
+//! 3. `close` (optionally after flushing payload and table to stable storage)
+//!    writes the real header last, then releases the exclusive lock.
+//!
+//! A writer dropped without `close` leaves the uncommitted header on disk.
+
+use std::fs::{File, OpenOptions};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rayon::prelude::*;
+use zstd::dict::EncoderDictionary;
+
+use crate::codec::{self, Encoder};
+use crate::error::{Error, Result};
+use crate::format::{
+    Codec, Header, RecordLoc, DATA_FILE, DICT_FILE, LOC_SIZE, META_FILE, PAGE_SIZE,
+};
+use crate::io::{self, LockMode};
+use crate::pool;
+use crate::schema::Schema;
+use crate::store::geometry::RaggedRecord;
+
+/// Input bytes compressed per window of an append, bounding the memory the
+/// compressed frames of one window can take.
+const WINDOW_BYTES: usize = 64 << 20;
+/// Target input bytes per compression task.
+const TASK_BYTES: usize = 1 << 20;
+/// Staging size for raw Ragged appends (shape prefixes interleave with payloads).
+const STAGING_BYTES: usize = 8 << 20;
+
+/// What [`StoreWriter::create`] needs besides the path.
+#[derive(Clone, Debug)]
+pub struct CreateOptions {
+    /// The store's codec.
+    pub codec: Codec,
+    /// The dictionary, required (non-empty) for [`Codec::ZstdDict`] and refused otherwise.
+    pub dict: Option<Vec<u8>>,
+}
+
+/// The records of one append, as the writer sees them.
+pub(crate) trait RecordSource: Sync {
+    fn count(&self) -> usize;
+    /// Logical (encoded) length of record `i`.
+    fn len_of(&self, i: usize) -> usize;
+    /// Record `i`'s bytes: borrowed when stored contiguously, else encoded into `scratch`.
+    fn bytes<'s>(&'s self, i: usize, scratch: &'s mut Vec<u8>) -> &'s [u8];
+}
+
+pub(crate) struct DenseSource<'a> {
+    pub data: &'a [u8],
+    pub width: usize,
+}
+
+impl RecordSource for DenseSource<'_> {
+    fn count(&self) -> usize {
+        self.data.len() / self.width
+    }
+    fn len_of(&self, _: usize) -> usize {
+        self.width
+    }
+    fn bytes<'s>(&'s self, i: usize, _: &'s mut Vec<u8>) -> &'s [u8] {
+        &self.data[i * self.width..(i + 1) * self.width]
+    }
+}
+
+pub(crate) struct RaggedSource<'a, 'r> {
+    pub records: &'a [RaggedRecord<'r>],
+}
+
+impl RecordSource for RaggedSource<'_, '_> {
+    fn count(&self) -> usize {
+        self.records.len()
+    }
+    fn len_of(&self, i: usize) -> usize {
+        self.records[i].encoded_len() as usize
+    }
+    fn bytes<'s>(&'s self, i: usize, scratch: &'s mut Vec<u8>) -> &'s [u8] {
+        scratch.clear();
+        self.records[i].encode_into(scratch);
+        scratch
+    }
+}
+
+/// An open, append-only store. Holds the exclusive lock until closed or dropped.
+pub struct StoreWriter {
+    dir: PathBuf,
+    schema: Schema,
+    codec: Codec,
+    meta: File,
+    data: File,
+    dict: Option<EncoderDictionary<'static>>,
+    has_dict: bool,
+    length: u64,
+    tail: u64,
+    closed: bool,
+}
+
+impl std::fmt::Debug for StoreWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreWriter")
+            .field("dir", &self.dir)
+            .field("schema", &self.schema)
+            .field("codec", &self.codec)
+            .field("length", &self.length)
+            .field("tail", &self.tail)
+            .field("closed", &self.closed)
+            .finish()
+    }
+}
+
+impl StoreWriter {
+    /// Creates a new store at `dir`, which must not exist or be an empty
+    /// directory (missing parents are created).
+    pub fn create(dir: impl AsRef<Path>, schema: Schema, options: CreateOptions) -> Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        let CreateOptions { codec, dict } = options;
+        match (codec, &dict) {
+            (Codec::ZstdDict, None) => {
+                return Err(Error::InvalidArgument(
+                    "codec \"zstd_dict\" needs dict_bytes: train one with train_dict".into(),
+                ))
+            }
+            (Codec::ZstdDict, Some(d)) if d.is_empty() => {
+                return Err(Error::InvalidArgument(
+                    "codec \"zstd_dict\" needs non-empty dict_bytes".into(),
+                ))
+            }
+            (Codec::Raw | Codec::Zstd, Some(_)) => {
+                return Err(Error::InvalidArgument(format!(
+                    "dict_bytes is only used by codec \"zstd_dict\", not {:?}",
+                    codec.name()
+                )))
+            }
+            _ => {}
+        }
+        let schema_bytes = schema.encode_checked()?;
+        let encoder_dict = dict.as_deref().map(codec::encoder_dictionary).transpose()?;
+
+        if dir.exists() {
+            let mut entries = std::fs::read_dir(&dir).map_err(|e| {
+                if dir.is_dir() {
+                    Error::io(format!("listing {}", dir.display()), e)
+                } else {
+                    Error::AlreadyExists(format!("{} exists and is not a directory", dir.display()))
+                }
+            })?;
+            if entries.next().is_some() {
+                return Err(Error::AlreadyExists(format!(
+                    "{} is not empty; build the new store at a new path",
+                    dir.display()
+                )));
+            }
+        } else {
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| Error::io(format!("creating directory {}", dir.display()), e))?;
+        }
+
+        let create_new = |name: &str| {
+            let path = dir.join(name);
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::AlreadyExists => Error::AlreadyExists(format!(
+                        "{} appeared while the store was being created",
+                        path.display()
+                    )),
+                    _ => Error::io(format!("creating {}", path.display()), e),
+                })
+        };
+        let meta_path = dir.join(META_FILE);
+        let meta = create_new(META_FILE)?;
+        io::try_lock(&meta, LockMode::Exclusive, &meta_path)?;
+
+        // The uncommitted page: a header every reader refuses (schema_length
+        // 0), followed by the schema that close() will make valid.
+        let mut page = vec![0u8; PAGE_SIZE as usize];
+        let uncommitted = Header {
+            length: 0,
+            tail_offset: 0,
+            schema_length: 0,
+            codec,
+        };
+        page[..32].copy_from_slice(&uncommitted.encode());
+        page[32..32 + schema_bytes.len()].copy_from_slice(&schema_bytes);
+        io::write_all_at(&meta, &page, 0)
+            .map_err(|e| Error::io(format!("writing {}", meta_path.display()), e))?;
+
+        let data = create_new(DATA_FILE)?;
+        if let Some(d) = &dict {
+            let dict_file = create_new(DICT_FILE)?;
+            io::write_all_at(&dict_file, d, 0)
+                .map_err(|e| Error::io(format!("writing {}", dir.join(DICT_FILE).display()), e))?;
+            dict_file
+                .sync_all()
+                .map_err(|e| Error::io("syncing dict.zr", e))?;
+        }
+
+        Ok(StoreWriter {
+            dir,
+            schema,
+            codec,
+            meta,
+            data,
+            has_dict: encoder_dict.is_some(),
+            dict: encoder_dict,
+            length: 0,
+            tail: 0,
+            closed: false,
+        })
+    }
+
+    /// The store directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The schema the store was created with.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// The store's codec.
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
+
+    /// Whether the store carries a dictionary.
+    pub fn has_dict(&self) -> bool {
+        self.has_dict
+    }
+
+    /// Records appended so far.
+    pub fn len(&self) -> u64 {
+        self.length
+    }
+
+    /// Whether nothing has been appended yet.
+    pub fn is_empty(&self) -> bool {
+        self.length == 0
+    }
+
+    /// Whether [`close`](Self::close) has run.
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed {
+            return Err(Error::State("the writer is closed".into()));
+        }
+        Ok(())
+    }
+
+    /// Appends Dense records: `data` holds whole records of the schema's width, back to back.
+    pub fn append_dense(&mut self, data: &[u8]) -> Result<()> {
+        self.check_open()?;
+        let width = match self.schema.record_width() {
+            Some(w) => w as usize,
+            None => return Err(Error::State("append_dense on a Ragged store".into())),
+        };
+        if data.is_empty() {
+            return Err(Error::InvalidArgument(
+                "cannot append an empty batch".into(),
+            ));
+        }
+        if data.len() % width != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{} bytes are not a whole number of {width}-byte records",
+                data.len()
+            )));
+        }
+        if self.codec == Codec::Raw {
+            self.append_raw_contiguous(data, width)
+        } else {
+            self.append_compressed(&DenseSource { data, width })
+        }
+    }
+
+    /// Appends Ragged records. Every record is validated before anything is written.
+    pub fn append_ragged(&mut self, records: &[RaggedRecord<'_>]) -> Result<()> {
+        self.check_open()?;
+        let itemsize = match &self.schema {
+            Schema::Ragged { dtype } => dtype.itemsize(),
+            Schema::Dense { .. } => {
+                return Err(Error::State("append_ragged on a Dense store".into()))
+            }
+        };
+        if records.is_empty() {
+            return Err(Error::InvalidArgument(
+                "cannot append an empty batch".into(),
+            ));
+        }
+        for (i, r) in records.iter().enumerate() {
+            r.validate(i, itemsize)?;
+        }
+        let source = RaggedSource { records };
+        if self.codec == Codec::Raw {
+            self.append_raw_staged(&source)
+        } else {
+            self.append_compressed(&source)
+        }
+    }
+
+    fn reserve(&self, records: usize, bytes: u64) -> Result<()> {
+        let count_ok = self.length.checked_add(records as u64).is_some();
+        let tail_ok = self
+            .tail
+            .checked_add(bytes)
+            .is_some_and(|t| t <= i64::MAX as u64);
+        if !count_ok || !tail_ok {
+            return Err(Error::StoreFull(format!(
+                "{} records and {} payload bytes cannot grow by {records} records and {bytes} bytes",
+                self.length, self.tail
+            )));
+        }
+        Ok(())
+    }
+
+    /// Raw Dense: the batch is already the payload, written in one call.
+    fn append_raw_contiguous(&mut self, data: &[u8], width: usize) -> Result<()> {
+        let n = data.len() / width;
+        self.reserve(n, data.len() as u64)?;
+        io::write_all_at(&self.data, data, self.tail).map_err(|e| self.data_err(e))?;
+        let base = self.tail;
+        let locs: Vec<RecordLoc> = (0..n)
+            .map(|i| RecordLoc {
+                offset: base + (i * width) as u64,
+                phys_length: width as u32,
+                logic_length: width as u32,
+            })
+            .collect();
+        self.publish(&locs, data.len() as u64)
+    }
+
+    /// Raw Ragged: shape prefixes interleave with payloads, so records are
+    /// staged into bounded buffers and written in large calls.
+    fn append_raw_staged(&mut self, source: &dyn RecordSource) -> Result<()> {
+        let n = source.count();
+        let total: u64 = (0..n).map(|i| source.len_of(i) as u64).sum();
+        self.reserve(n, total)?;
+        let mut locs = Vec::with_capacity(n);
+        let mut staging = Vec::with_capacity(STAGING_BYTES.min(total as usize));
+        let mut scratch = Vec::new();
+        let mut staged_at = self.tail;
+        for i in 0..n {
+            let bytes = source.bytes(i, &mut scratch);
+            locs.push(RecordLoc {
+                offset: staged_at + staging.len() as u64,
+                phys_length: bytes.len() as u32,
+                logic_length: bytes.len() as u32,
+            });
+            staging.extend_from_slice(bytes);
+            if staging.len() >= STAGING_BYTES || i + 1 == n {
+                io::write_all_at(&self.data, &staging, staged_at).map_err(|e| self.data_err(e))?;
+                staged_at += staging.len() as u64;
+                staging.clear();
+            }
+        }
+        self.publish(&locs, total)
+    }
+
+    /// zstd / zstd_dict: records are compressed in parallel, one context per
+    /// task; each task reserves its range of data.zr and writes its frames
+    /// in one call. Frames land in task completion order; the table keeps
+    /// record order.
+    fn append_compressed(&mut self, source: &dyn RecordSource) -> Result<()> {
+        let n = source.count();
+        self.reserve(n, 0)?;
+        let mut locs = vec![RecordLoc::default(); n];
+        let frontier = AtomicU64::new(self.tail);
+        let codec = self.codec;
+        let dict = self.dict.as_ref();
+        let data = &self.data;
+        let mut start = 0usize;
+        while start < n {
+            // One window: records up to WINDOW_BYTES of input.
+            let mut end = start;
+            let mut window_bytes = 0usize;
+            while end < n && (end == start || window_bytes < WINDOW_BYTES) {
+                window_bytes += source.len_of(end);
+                end += 1;
+            }
+            let tasks = split_by_bytes(source, start..end, TASK_BYTES);
+            let mut slices = Vec::with_capacity(tasks.len());
+            let mut rest = &mut locs[start..end];
+            for t in &tasks {
+                let (head, tail) = rest.split_at_mut(t.len());
+                slices.push(head);
+                rest = tail;
+            }
+            pool::pool().install(|| {
+                tasks
+                    .into_par_iter()
+                    .zip(slices.into_par_iter())
+                    .try_for_each_init(
+                        || (Encoder::new(codec, dict), Vec::new(), Vec::new()),
+                        |(encoder, block, scratch), (range, out)| -> Result<()> {
+                            let encoder = encoder.as_mut().map_err(|e| clone_error(e))?;
+                            block.clear();
+                            for (slot, i) in out.iter_mut().zip(range) {
+                                let record = source.bytes(i, scratch);
+                                let before = block.len();
+                                let phys = encoder.encode_into(record, block)?;
+                                if phys as u64 > u32::MAX as u64 {
+                                    return Err(Error::RecordTooLarge(format!(
+                                        "record {i}: a {phys}-byte frame does not fit the table"
+                                    )));
+                                }
+                                slot.offset = before as u64;
+                                slot.phys_length = phys as u32;
+                                slot.logic_length = record.len() as u32;
+                            }
+                            let at = frontier.fetch_add(block.len() as u64, Ordering::Relaxed);
+                            if at
+                                .checked_add(block.len() as u64)
+                                .is_none_or(|e| e > i64::MAX as u64)
+                            {
+                                return Err(Error::StoreFull(
+                                    "data.zr would pass the largest file offset".into(),
+                                ));
+                            }
+                            io::write_all_at(data, block, at)
+                                .map_err(|e| Error::io(format!("writing {DATA_FILE}"), e))?;
+                            for slot in out.iter_mut() {
+                                slot.offset += at;
+                            }
+                            Ok(())
+                        },
+                    )
+            })?;
+            start = end;
+        }
+        let written = frontier.load(Ordering::Relaxed) - self.tail;
+        self.publish(&locs, written)
+    }
+
+    /// Writes the table entries of a batch whose payload is on disk, then
+    /// advances the in-memory length and tail.
+    fn publish(&mut self, locs: &[RecordLoc], payload_bytes: u64) -> Result<()> {
+        let mut table = Vec::with_capacity(locs.len() * LOC_SIZE);
+        for loc in locs {
+            table.extend_from_slice(&loc.encode());
+        }
+        let at = PAGE_SIZE + self.length * LOC_SIZE as u64;
+        io::write_all_at(&self.meta, &table, at)
+            .map_err(|e| Error::io(format!("writing the record table of {META_FILE}"), e))?;
+        self.length += locs.len() as u64;
+        self.tail += payload_bytes;
+        Ok(())
+    }
+
+    fn data_err(&self, e: std::io::Error) -> Error {
+        Error::io(format!("writing {}", self.dir.join(DATA_FILE).display()), e)
+    }
+
+    /// Commits the store: with `durable`, payload and table reach stable
+    /// storage before the header is written, and the header before return.
+    /// Closing twice is harmless.
+    pub fn close(&mut self, durable: bool) -> Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        if durable {
+            self.data
+                .sync_all()
+                .map_err(|e| Error::io(format!("syncing {DATA_FILE}"), e))?;
+            self.meta
+                .sync_all()
+                .map_err(|e| Error::io(format!("syncing {META_FILE}"), e))?;
+        }
+        let schema_length = self.schema.encode().len() as u32;
+        let header = Header {
+            length: self.length,
+            tail_offset: self.tail,
+            schema_length,
+            codec: self.codec,
+        };
+        io::write_all_at(&self.meta, &header.encode(), 0)
+            .map_err(|e| Error::io(format!("writing the header of {META_FILE}"), e))?;
+        if durable {
+            self.meta
+                .sync_all()
+                .map_err(|e| Error::io(format!("syncing {META_FILE}"), e))?;
+            io::sync_dir(&self.dir)?;
+        }
+        self.closed = true;
+        // Release the lock now rather than when the writer is dropped.
+        let _ = self.meta.unlock();
+        Ok(())
+    }
+}
+
+/// Splits `range` into contiguous tasks of about `target` input bytes each.
+fn split_by_bytes(
+    source: &dyn RecordSource,
+    range: Range<usize>,
+    target: usize,
+) -> Vec<Range<usize>> {
+    let mut tasks = Vec::new();
+    let mut start = range.start;
+    let mut bytes = 0usize;
+    for i in range.clone() {
+        bytes += source.len_of(i);
+        if bytes >= target {
+            tasks.push(start..i + 1);
+            start = i + 1;
+            bytes = 0;
+        }
+    }
+    if start < range.end {
+        tasks.push(start..range.end);
+    }
+    tasks
+}
+
+/// Per-task initialisation errors are shared by reference; each task reports its own copy.
+fn clone_error(e: &Error) -> Error {
+    match e {
+        Error::OutOfMemory(m) => Error::OutOfMemory(m.clone()),
+        Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+        other => Error::OutOfMemory(other.to_string()),
+    }
+}

@@ -1,0 +1,35 @@
+"""The storage error type shared by the native extension and the Python layer."""
+
+from __future__ import annotations
+
+__all__ = ["ZrecordError"]
+
+
+class ZrecordError(RuntimeError):
+    """A storage failure, with loaderx 2.0.0's integer ``code``.
+
+    Codes: -1 out of memory, -2 I/O failed, -4 record too large, -5 store
+    full, -6 buffer too small, -7 a stored record failed to decode (or has the
+    wrong size), -8 invalid store format, -9 dictionary training failed,
+    -12 store already exists, -13 store busy.
+    """
+
+    OUT_OF_MEMORY = -1
+    IO = -2
+    RECORD_TOO_LARGE = -4
+    STORE_FULL = -5
+    BUFFER_TOO_SMALL = -6
+    CORRUPT = -7
+    INVALID_FORMAT = -8
+    DICT_TRAINING = -9
+    ALREADY_EXISTS = -12
+    BUSY = -13
+
+    code: int
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = int(code)
+
+    def __reduce__(self):  # keep the code across pickling (e.g. to a parent process)
+        return (type(self), (str(self), self.code))

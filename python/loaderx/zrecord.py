@@ -1,0 +1,480 @@
+"""Zrecord: typed, append-only-then-immutable record stores.
+
+``Dense`` holds fixed-shape records of one dtype; a gather returns one stacked
+``(n, *item_shape)`` array. ``Ragged`` holds records of one dtype and any
+shapes; a gather returns a list of arrays that share one buffer.
+
+A store is built once with ``create`` (an append-only writer; ``close()``
+publishes it) and then read with ``open`` (a read-only reader, safe to share
+between threads and processes). The on-disk format is loaderx 2.0.0's.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import pathlib
+from typing import Any, Iterable, Iterator, Sequence, TypeVar, Union
+
+import numpy as np
+
+from loaderx import _native
+from loaderx._errors import ZrecordError
+
+__all__ = ["Dense", "Ragged", "ZrecordError", "DICT_TIERS", "CODECS"]
+
+#: Dictionary tiers for ``zstd_dict``: dictionary size and training sample
+#: budget, both in bytes.
+DICT_TIERS: dict[str, dict[str, int]] = {
+    "fast": {"size": 32 * 1024, "samples": 4 * 1024 * 1024},
+    "balanced": {"size": 128 * 1024, "samples": 16 * 1024 * 1024},
+    "max": {"size": 1024 * 1024, "samples": 64 * 1024 * 1024},
+}
+
+#: The codec names a store can be created with.
+CODECS = ("raw", "zstd", "zstd_dict")
+
+_MAX_RECORD_BYTES = 1 << 31
+
+PathLike = Union[str, "os.PathLike[str]"]
+Index = Union[int, slice, Sequence[int], np.ndarray]
+_S = TypeVar("_S", bound="_Store")
+
+
+def _check_dtype(dtype: Any) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt.fields is not None:
+        raise ValueError(f"structured dtypes are not supported: {dt}")
+    if dt.subdtype is not None:
+        raise ValueError(f"subarray dtypes are not supported: {dt}")
+    if dt.hasobject:
+        raise ValueError(f"object dtypes are not supported: {dt}")
+    if dt.metadata:
+        raise ValueError(f"dtypes carrying metadata are not supported: {dt!r}")
+    if dt.itemsize == 0:
+        raise ValueError(f"dtype {dt} has no size; give one, e.g. 'S8' or 'U4'")
+    return dt
+
+
+def _check_item_shape(item_shape: Any, dtype: np.dtype) -> tuple[int, ...]:
+    if isinstance(item_shape, (int, np.integer)) and not isinstance(item_shape, (bool, np.bool_)):
+        item_shape = (item_shape,)
+    try:
+        dims = list(item_shape)
+    except TypeError:
+        raise TypeError(
+            f"item_shape must be an iterable of ints, got {type(item_shape).__name__}"
+        ) from None
+    shape = []
+    for d in dims:
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+            raise TypeError(f"item_shape entries must be ints, got {d!r}")
+        if d < 0:
+            raise ValueError(f"item_shape entries must be non-negative, got {tuple(dims)}")
+        shape.append(int(d))
+    width = dtype.itemsize
+    for d in shape:
+        width *= d
+    if not 1 <= width <= _MAX_RECORD_BYTES:
+        raise ValueError(
+            f"a record of shape {tuple(shape)} and dtype {dtype} is {width} bytes; "
+            "records must be 1..2^31 bytes"
+        )
+    return tuple(shape)
+
+
+def _check_codec(codec: str, dict_bytes: Any) -> bytes | None:
+    if codec not in CODECS:
+        raise ValueError(f"unknown codec {codec!r}: expected one of {', '.join(CODECS)}")
+    if codec == "zstd_dict":
+        if dict_bytes is None or len(dict_bytes) == 0:
+            raise ValueError(
+                "codec 'zstd_dict' needs non-empty dict_bytes: train them with "
+                "loaderx.utils.train_dict"
+            )
+        return bytes(dict_bytes)
+    if dict_bytes is not None:
+        raise ValueError(f"dict_bytes is only used with codec 'zstd_dict', not {codec!r}")
+    return None
+
+
+def _slice_indices(key: slice, n: int) -> np.ndarray:
+    bounds = []
+    for b in (key.start, key.stop):
+        if b is not None:
+            b = operator.index(b)
+            if b < 0:
+                raise IndexError(f"slice bounds must be non-negative, got {key}")
+        bounds.append(b)
+    step = 1 if key.step is None else operator.index(key.step)
+    if step == 0:
+        raise ValueError("slice step cannot be zero")
+    return np.arange(*slice(bounds[0], bounds[1], step).indices(n), dtype=np.int64)
+
+
+def _index_array(key: Any, n: int) -> np.ndarray:
+    """Normalises a record-set key to a 1-D int64 array (range checks are native)."""
+    if isinstance(key, slice):
+        return _slice_indices(key, n)
+    if isinstance(key, (list, tuple)):
+        if len(key) == 0:
+            return np.empty(0, dtype=np.int64)
+        for k in key:
+            if isinstance(k, (float, str, bytes, slice)) or k is None:
+                raise TypeError(f"record indices must be integers, got {k!r}")
+        arr = np.asarray(key)
+    elif isinstance(key, np.ndarray):
+        arr = key
+    else:
+        raise TypeError(
+            "records are selected by an int, a slice, a list or tuple of ints, an integer "
+            f"array or a boolean mask, not {type(key).__name__}"
+        )
+    if arr.dtype == np.bool_:
+        if arr.ndim != 1 or arr.shape[0] != n:
+            raise IndexError(
+                f"a boolean mask must be 1-D with exactly {n} entries, got shape {arr.shape}"
+            )
+        return np.flatnonzero(arr)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"record indices must be integers, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise IndexError(f"record index arrays must be 1-D, got shape {arr.shape}")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= n:
+        raise IndexError(f"index {int(arr.max())} is out of range for a store of {n} records")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _scalar_index(key: Any) -> int | None:
+    """The record index of an int-like key, None for record-set keys."""
+    if isinstance(key, (bool, np.bool_)):
+        raise TypeError("a bool is not a record index")
+    if isinstance(key, (int, np.integer)):
+        return int(key)
+    if isinstance(key, np.ndarray) and key.ndim == 0:
+        if key.dtype == np.bool_:
+            raise TypeError("a bool is not a record index")
+        if key.dtype.kind not in "iu":
+            raise TypeError(f"record indices must be integers, got dtype {key.dtype}")
+        return int(key)
+    if isinstance(key, (float, str, bytes)) or key is None:
+        raise TypeError(f"record indices must be integers, got {key!r}")
+    return None
+
+
+class _Store:
+    """Shared lifecycle of Dense and Ragged: writer/reader roles, close, with."""
+
+    _kind: str = ""
+    __slots__ = ("_path", "_dtype", "_codec", "_writer", "_reader", "_has_dict")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        name = type(self).__name__
+        raise TypeError(
+            f"{name} is not constructed directly: use {name}.open(path) to read a store "
+            f"or {name}.create(path, ...) to build one"
+        )
+
+    @classmethod
+    def _writer_of(cls: type[_S], path: PathLike, dtype: np.dtype, item_shape, codec, dict_bytes) -> _S:
+        self = object.__new__(cls)
+        self._path = pathlib.Path(path)
+        self._dtype = dtype
+        self._codec = codec
+        self._reader = None
+        self._writer = _native.WriterHandle.create(
+            os.fspath(path), cls._kind, dtype.str, item_shape, codec, dict_bytes
+        )
+        self._has_dict = dict_bytes is not None
+        return self
+
+    @classmethod
+    def _reader_of(cls: type[_S], path: PathLike) -> _S:
+        self = object.__new__(cls)
+        handle = _native.ReaderHandle.open(os.fspath(path), cls._kind)
+        self._path = pathlib.Path(path)
+        try:
+            self._dtype = _check_dtype(handle.dtype)
+        except (TypeError, ValueError) as e:
+            handle.close()
+            raise ZrecordError(f"{path}: stored dtype {handle.dtype!r} is not usable: {e}", -8) from None
+        self._codec = handle.codec
+        self._has_dict = handle.has_dict()
+        self._writer = None
+        self._reader = handle
+        return self
+
+    # -- attributes ---------------------------------------------------------
+    @property
+    def path(self) -> pathlib.Path:
+        """The store directory."""
+        return self._path
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The element dtype of every record."""
+        return self._dtype
+
+    @property
+    def codec(self) -> str:
+        """``"raw"``, ``"zstd"`` or ``"zstd_dict"``."""
+        return self._codec
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` has run."""
+        handle = self._writer if self._writer is not None else self._reader
+        return handle is None or handle.closed
+
+    @property
+    def writable(self) -> bool:
+        """True for a writer from ``create``, False for a reader from ``open``."""
+        return self._writer is not None
+
+    def has_dict(self) -> bool:
+        """Whether the store carries a zstd dictionary (``dict.zr``)."""
+        return self._has_dict
+
+    def dict_bytes(self) -> bytes | None:
+        """The store's dictionary, or None (readers only)."""
+        return self._require_reader().dict_bytes()
+
+    def __len__(self) -> int:
+        handle = self._writer if self._writer is not None else self._reader
+        if handle is None or handle.closed:
+            raise RuntimeError(f"{self._describe()} is closed")
+        return len(handle)
+
+    # -- lifecycle ----------------------------------------------------------
+    def close(self, durable: bool = False) -> None:
+        """Writer: publish the store (write its header last). Reader: release it.
+
+        ``durable=True`` (writers) flushes records and table to stable storage
+        before the header is written, and the header before returning, so a
+        power cut never leaves a store that opens with missing records.
+        Closing twice is harmless.
+        """
+        if self._writer is not None:
+            self._writer.close(durable)
+        elif self._reader is not None:
+            self._reader.close()
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __reduce__(self):
+        # A reader travels to other processes (e.g. data-parallel workers) by
+        # path and is reopened there; a writer is tied to its process.
+        if self._reader is None or self._reader.closed:
+            raise TypeError(f"only open readers can be pickled, not {self._describe()}")
+        return (type(self).open, (self._path,))
+
+    def _describe(self) -> str:
+        role = "writer" if self._writer is not None else "reader"
+        return f"{type(self).__name__} {role} of {str(self._path)!r}"
+
+    def __repr__(self) -> str:
+        extra = self._repr_extra()
+        state = "closed" if self.closed else ("writer" if self._writer is not None else "reader")
+        n = "" if self.closed else f", len={len(self)}"
+        return (
+            f"{type(self).__name__}({str(self._path)!r}, dtype={self._dtype}{extra}, "
+            f"codec={self._codec!r}{n}, {state})"
+        )
+
+    def _repr_extra(self) -> str:
+        return ""
+
+    def _require_reader(self) -> Any:
+        if self._writer is not None:
+            raise RuntimeError(
+                f"{self._describe()} was made by .create() and cannot be read; "
+                f"close it, then read it with {type(self).__name__}.open(path)"
+            )
+        if self._reader is None or self._reader.closed:
+            raise RuntimeError(f"{self._describe()} is closed")
+        return self._reader
+
+    def _require_writer(self) -> Any:
+        if self._reader is not None:
+            raise RuntimeError(
+                f"{self._describe()} came from .open() and is read-only; build a new "
+                f"store with {type(self).__name__}.create(path, ...) to add records"
+            )
+        if self._writer is None or self._writer.closed:
+            raise RuntimeError(f"{self._describe()} is closed")
+        return self._writer
+
+    # -- reads --------------------------------------------------------------
+    def __getitem__(self, key: Index) -> Any:
+        reader = self._require_reader()
+        i = _scalar_index(key)
+        if i is not None:
+            n = len(reader)
+            if not 0 <= i < n:
+                raise IndexError(f"index {i} is out of range for a store of {n} records")
+            return self._gather_one(reader, i)
+        return self._gather(reader, _index_array(key, len(reader)))
+
+    def __getitems__(self, indices: Index) -> Any:
+        """Gathers a record set (the batched-fetch protocol of map-style datasets)."""
+        reader = self._require_reader()
+        return self._gather(reader, _index_array(indices, len(reader)))
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        """Iterates over the records in order, decoding them in chunks."""
+        reader = self._require_reader()
+        n = len(reader)
+        for start in range(0, n, 1024):
+            yield from self._gather(reader, np.arange(start, min(start + 1024, n), dtype=np.int64))
+
+    def _gather(self, reader: Any, idx: np.ndarray) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _gather_one(self, reader: Any, i: int) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class Dense(_Store):
+    """A store of fixed-shape records: every record is one ``item_shape`` array of ``dtype``.
+
+    Build with :meth:`create`, read with :meth:`open`. Reading an int gives one
+    record; reading a slice, list, tuple, integer array or boolean mask gives one
+    new ``(n, *item_shape)`` array.
+    """
+
+    _kind = "dense"
+    __slots__ = ("_item_shape",)
+
+    @classmethod
+    def create(
+        cls,
+        path: PathLike,
+        dtype: Any,
+        item_shape: Iterable[int],
+        codec: str = "zstd",
+        dict_bytes: bytes | None = None,
+    ) -> Dense:
+        """Creates a new Dense store at ``path`` (a new or empty directory) and
+        returns its append-only writer. ``codec`` is ``"raw"``, ``"zstd"``
+        (default) or ``"zstd_dict"`` (which needs ``dict_bytes``)."""
+        dt = _check_dtype(dtype)
+        shape = _check_item_shape(item_shape, dt)
+        blob = _check_codec(codec, dict_bytes)
+        self = cls._writer_of(path, dt, list(shape), codec, blob)
+        self._item_shape = shape
+        return self
+
+    @classmethod
+    def open(cls, path: PathLike) -> Dense:
+        """Opens the committed Dense store at ``path`` read-only."""
+        self = cls._reader_of(path)
+        self._item_shape = tuple(int(d) for d in self._reader.item_shape)
+        return self
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        """The shape of one record."""
+        return self._item_shape
+
+    def _repr_extra(self) -> str:
+        return f", item_shape={self._item_shape}"
+
+    def append(self, batch: np.ndarray) -> None:
+        """Appends ``batch``, an ndarray of shape ``(n, *item_shape)`` and the
+        store's dtype (a 0-d array is one scalar record). Synchronous; any
+        memory layout is accepted."""
+        writer = self._require_writer()
+        if not isinstance(batch, np.ndarray):
+            raise TypeError(
+                f"Dense.append takes a numpy.ndarray, got {type(batch).__name__} "
+                "(convert it with numpy.asarray first)"
+            )
+        if batch.dtype != self._dtype:
+            raise ValueError(f"batch dtype {batch.dtype} does not match the store dtype {self._dtype}")
+        if batch.ndim == 0:
+            if self._item_shape != ():
+                raise ValueError(
+                    f"a 0-d array is one scalar record, but records have shape {self._item_shape}"
+                )
+            batch = batch.reshape(1)
+        elif batch.shape[1:] != self._item_shape:
+            raise ValueError(
+                f"batch of shape {batch.shape} does not hold records of shape {self._item_shape}; "
+                "expected (n, *item_shape) (add a leading axis for a single record)"
+            )
+        if batch.shape[0] == 0:
+            raise ValueError("cannot append an empty batch")
+        flat = np.ascontiguousarray(batch).reshape(-1).view(np.uint8)
+        writer.append_dense(flat)
+
+    def _gather(self, reader: Any, idx: np.ndarray) -> np.ndarray:
+        out = np.empty((idx.shape[0],) + self._item_shape, dtype=self._dtype)
+        if idx.shape[0]:
+            reader.gather_dense(idx, out.reshape(-1).view(np.uint8))
+        return out
+
+    def _gather_one(self, reader: Any, i: int) -> np.ndarray:
+        out = np.empty(self._item_shape, dtype=self._dtype)
+        reader.gather_dense(np.array([i], dtype=np.int64), out.reshape(-1).view(np.uint8))
+        return out
+
+
+class Ragged(_Store):
+    """A store of records of one dtype and any shapes (0-d included).
+
+    Build with :meth:`create`, read with :meth:`open`. Reading an int gives one
+    array; reading a record set gives a list of arrays, exactly as written,
+    viewing one shared buffer.
+    """
+
+    _kind = "ragged"
+    __slots__ = ()
+
+    @classmethod
+    def create(
+        cls,
+        path: PathLike,
+        dtype: Any,
+        codec: str = "zstd",
+        dict_bytes: bytes | None = None,
+    ) -> Ragged:
+        """Creates a new Ragged store at ``path`` (a new or empty directory) and
+        returns its append-only writer."""
+        dt = _check_dtype(dtype)
+        blob = _check_codec(codec, dict_bytes)
+        return cls._writer_of(path, dt, None, codec, blob)
+
+    @classmethod
+    def open(cls, path: PathLike) -> Ragged:
+        """Opens the committed Ragged store at ``path`` read-only."""
+        return cls._reader_of(path)
+
+    def append(self, records: Iterable[np.ndarray]) -> None:
+        """Appends every array of ``records`` (any iterable, consumed once), each
+        of the store's dtype and any shape. Nothing is written unless every
+        record is valid."""
+        writer = self._require_writer()
+        if isinstance(records, np.ndarray) and records.ndim == 0:
+            raise TypeError("Ragged.append takes an iterable of arrays; wrap a single record in a list")
+        try:
+            items = list(records)
+        except TypeError:
+            raise TypeError(
+                f"Ragged.append takes an iterable of numpy.ndarray, got {type(records).__name__}"
+            ) from None
+        if not items:
+            raise ValueError("cannot append an empty batch")
+        writer.append_ragged(items, self._dtype)
+
+    def _gather(self, reader: Any, idx: np.ndarray) -> list[np.ndarray]:
+        if idx.shape[0] == 0:
+            return []
+        return reader.gather_ragged(idx, self._dtype)
+
+    def _gather_one(self, reader: Any, i: int) -> np.ndarray:
+        return reader.gather_ragged(np.array([i], dtype=np.int64), self._dtype)[0]
+
