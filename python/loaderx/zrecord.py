@@ -57,18 +57,16 @@ def _check_dtype(dtype: Any) -> np.dtype:
 
 
 def _check_item_shape(item_shape: Any, dtype: np.dtype) -> tuple[int, ...]:
-    if isinstance(item_shape, (int, np.integer)) and not isinstance(item_shape, (bool, np.bool_)):
-        item_shape = (item_shape,)
-    try:
-        dims = list(item_shape)
-    except TypeError:
-        raise TypeError(
-            f"item_shape must be an iterable of ints, got {type(item_shape).__name__}"
-        ) from None
+    # Every item_shape problem is a ValueError, as in loaderx 2.0.0.
+    if isinstance(item_shape, (str, bytes)) or not hasattr(item_shape, "__iter__"):
+        raise ValueError(
+            f"item_shape must be an iterable of non-negative ints, got {item_shape!r}"
+        )
+    dims = list(item_shape)
     shape = []
     for d in dims:
         if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
-            raise TypeError(f"item_shape entries must be ints, got {d!r}")
+            raise ValueError(f"item_shape entries must be ints, got {d!r} in {tuple(dims)}")
         if d < 0:
             raise ValueError(f"item_shape entries must be non-negative, got {tuple(dims)}")
         shape.append(int(d))
@@ -417,10 +415,10 @@ class Dense(_Store):
             reader.gather_dense(idx, out.reshape(-1).view(np.uint8))
         return out
 
-    def _gather_one(self, reader: Any, i: int) -> np.ndarray:
-        out = np.empty(self._item_shape, dtype=self._dtype)
-        reader.gather_dense(np.array([i], dtype=np.int64), out.reshape(-1).view(np.uint8))
-        return out
+    def _gather_one(self, reader: Any, i: int) -> Any:
+        # Like NumPy indexing (and loaderx 2.0.0): a record of a scalar store
+        # comes back as a NumPy scalar, any other record as an array.
+        return self._gather(reader, np.array([i], dtype=np.int64))[0]
 
 
 class Ragged(_Store):

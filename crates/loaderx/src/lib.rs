@@ -9,6 +9,8 @@
 //!   ([`Codec`]): raw, zstd, or zstd with a trained dictionary ([`dict`]).
 //! * [`sampler`]: index batches (sequential, IID, cyclic), each a pure
 //!   function of `(seed, step)`.
+//! * [`loader`]: an endless, step-ordered batch pipeline over equal-length
+//!   sources, with prefetch, exact resume and sharding across processes.
 //!
 //! Batched gathers and appends fan out over one process-wide thread pool
 //! ([`pool`]).
@@ -23,6 +25,7 @@ pub mod dict;
 pub mod error;
 pub mod format;
 mod io;
+pub mod loader;
 pub mod pool;
 pub mod sampler;
 pub mod schema;

@@ -190,8 +190,17 @@ impl Schema {
         let malformed =
             |why: &str| Error::InvalidFormat(format!("schema is not valid MessagePack: {why}"));
         let mut rd = bytes;
-        let entries = rmp::decode::read_map_len(&mut rd)
-            .map_err(|_| malformed("expected a map at the top level"))?;
+        // A well-formed value that is not a map has the wrong fields (none).
+        let entries = match rmp::decode::read_map_len(&mut rd) {
+            Ok(n) => n,
+            Err(_) if !bytes.is_empty() && bytes[0] != 0xc1 => {
+                return Err(Error::Schema(format!(
+                    "invalid schema fields for a {} store: the schema is not a map",
+                    kind.name()
+                )))
+            }
+            Err(_) => return Err(malformed("expected a map at the top level")),
+        };
         let mut dtype: Option<String> = None;
         let mut shape: Option<Vec<u64>> = None;
         let mut keys = Vec::new();

@@ -43,6 +43,7 @@ mod writer;
 use std::path::Path;
 
 pub use geometry::{parse_ragged, RaggedRecord, MAX_NDIM};
+pub(crate) use reader::zeroed_buffer;
 pub use reader::{RaggedBatch, StoreReader};
 pub use writer::{CreateOptions, StoreWriter};
 

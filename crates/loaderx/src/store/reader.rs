@@ -378,7 +378,7 @@ impl StoreReader {
 /// memset pass, which a large gather buffer would otherwise pay before the
 /// records are decoded into it; and unlike `vec![0; len]` a failure is an
 /// error rather than an abort.
-fn zeroed_buffer(len: usize) -> Option<Vec<u8>> {
+pub(crate) fn zeroed_buffer(len: usize) -> Option<Vec<u8>> {
     if len == 0 {
         return Some(Vec::new());
     }

@@ -154,6 +154,11 @@ impl StoreWriter {
                 }
             })?;
             if entries.next().is_some() {
+                // A store in use is reported as busy, as loaderx 2.0.0 does.
+                let meta_path = dir.join(META_FILE);
+                if let Ok(existing) = File::open(&meta_path) {
+                    io::try_lock(&existing, LockMode::Exclusive, &meta_path)?;
+                }
                 return Err(Error::AlreadyExists(format!(
                     "{} is not empty; build the new store at a new path",
                     dir.display()

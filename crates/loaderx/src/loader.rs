@@ -1,0 +1,641 @@
+//! The batch pipeline: sampling and gathering on native threads, delivered
+//! in step order through a bounded reorder buffer.
+//!
+//! A [`Loader`] owns a few producer threads. Each claims the next step,
+//! draws that step's global index batch from the [`Sampler`] (a pure
+//! function of the step), keeps its shard's contiguous slice, and gathers
+//! every source at those indices (each gather fanning out over the shared
+//! [`pool`](crate::pool)). Finished batches wait in a reorder buffer and are
+//! handed out strictly in step order, so the delivered sequence depends only
+//! on the sources, the sampler parameters and the start step, never on
+//! thread timing. At most `prefetch` steps are claimed but not yet delivered,
+//! which bounds memory.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use loaderx::loader::{Column, Loader, LoaderConfig, Source};
+//! use loaderx::sampler::Mode;
+//! use loaderx::store::{DenseReader, DenseWriter};
+//! use loaderx::{Codec, DType};
+//!
+//! let dir = std::env::temp_dir().join(format!("loaderx-loader-doc-{}", std::process::id()));
+//! let _ = std::fs::remove_dir_all(&dir);
+//! let mut w = DenseWriter::create(&dir, DType::parse("|u1")?, &[4], Codec::Zstd, None)?;
+//! w.append(&(0u8..40).collect::<Vec<u8>>())?; // 10 records of 4 bytes: record i is 4i..4i+4
+//! w.close()?;
+//!
+//! let source: Arc<dyn Source> = Arc::new(DenseReader::open(&dir)?);
+//! let config = LoaderConfig { batch_size: 5, mode: Mode::Sequential, ..LoaderConfig::default() };
+//! let mut loader = Loader::new(vec![source], config)?;
+//! let batch = loader.next().expect("endless")?;
+//! assert_eq!(batch.step, 0);
+//! assert_eq!(batch.indices, [0, 1, 2, 3, 4]);
+//! match &batch.columns[0] {
+//!     Column::Dense(d) => assert_eq!(&d.data[..8], &[0, 1, 2, 3, 4, 5, 6, 7]),
+//!     Column::Ragged(_) => unreachable!(),
+//! }
+//! let second = loader.next().expect("endless")?;
+//! assert_eq!(second.indices, [5, 6, 7, 8, 9]);
+//! loader.close();
+//! # std::fs::remove_dir_all(&dir).unwrap();
+//! # Ok::<(), loaderx::Error>(())
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::sampler::{Mode, Sampler};
+use crate::store::{DenseReader, RaggedBatch, RaggedReader};
+
+/// The Dense part of a batch: `rows` records of `width` bytes, back to back.
+#[derive(Debug)]
+pub struct DenseBatch {
+    /// C-order record bytes.
+    pub data: Vec<u8>,
+    /// Number of records.
+    pub rows: usize,
+    /// Bytes per record.
+    pub width: usize,
+}
+
+/// One stream's part of a batch.
+#[derive(Debug)]
+pub enum Column {
+    /// Fixed-shape records, stacked.
+    Dense(DenseBatch),
+    /// Variable-shape records sharing one buffer.
+    Ragged(RaggedBatch),
+}
+
+/// Something a loader can gather from: a store reader, typically.
+pub trait Source: Send + Sync {
+    /// Number of records.
+    fn len(&self) -> u64;
+    /// Whether the source is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Gathers records `indices`, in order.
+    fn gather(&self, indices: &[u64]) -> Result<Column>;
+}
+
+impl Source for DenseReader {
+    fn len(&self) -> u64 {
+        DenseReader::len(self)
+    }
+
+    fn gather(&self, indices: &[u64]) -> Result<Column> {
+        let width = self.record_width();
+        let bytes = indices.len().checked_mul(width).ok_or_else(|| {
+            Error::OutOfMemory(format!("{} records of {width} bytes", indices.len()))
+        })?;
+        let mut data = crate::store::zeroed_buffer(bytes)
+            .ok_or_else(|| Error::OutOfMemory(format!("cannot allocate {bytes} bytes for a batch")))?;
+        self.gather_into(indices, &mut data)?;
+        Ok(Column::Dense(DenseBatch {
+            data,
+            rows: indices.len(),
+            width,
+        }))
+    }
+}
+
+impl Source for RaggedReader {
+    fn len(&self) -> u64 {
+        RaggedReader::len(self)
+    }
+
+    fn gather(&self, indices: &[u64]) -> Result<Column> {
+        RaggedReader::gather(self, indices).map(Column::Ragged)
+    }
+}
+
+impl<S: Source + ?Sized> Source for Arc<S> {
+    fn len(&self) -> u64 {
+        (**self).len()
+    }
+
+    fn gather(&self, indices: &[u64]) -> Result<Column> {
+        (**self).gather(indices)
+    }
+}
+
+/// One delivered batch.
+#[derive(Debug)]
+pub struct Batch {
+    /// The global step this batch belongs to (0-based).
+    pub step: u64,
+    /// The record indices gathered (this shard's slice of the global batch).
+    pub indices: Vec<u64>,
+    /// One column per source, in the order the sources were given.
+    pub columns: Vec<Column>,
+}
+
+/// How a [`Loader`] samples, shards and prefetches.
+#[derive(Clone, Debug)]
+pub struct LoaderConfig {
+    /// Global batch size: records per step summed over all shards.
+    pub batch_size: u64,
+    /// Sampling mode.
+    pub mode: Mode,
+    /// Sampler seed.
+    pub seed: u64,
+    /// First step to deliver (resume point).
+    pub start_step: u64,
+    /// Most steps claimed but not yet delivered (at least 1).
+    pub prefetch: usize,
+    /// This process's shard, in `0..shard_count`.
+    pub shard_index: u64,
+    /// Number of shards the global batch is split into; must divide `batch_size`.
+    pub shard_count: u64,
+    /// Producer threads (at least 1; capped at `prefetch`).
+    pub producers: usize,
+}
+
+impl Default for LoaderConfig {
+    fn default() -> Self {
+        LoaderConfig {
+            batch_size: 256,
+            mode: Mode::Cyclic,
+            seed: 42,
+            start_step: 0,
+            prefetch: 4,
+            shard_index: 0,
+            shard_count: 1,
+            producers: 2,
+        }
+    }
+}
+
+/// What [`Loader::next_timeout`] found.
+#[derive(Debug)]
+pub enum Next {
+    /// The next batch in step order, or the error that produced it.
+    Ready(Result<Batch>),
+    /// The loader was closed (or stopped after delivering an error).
+    Closed,
+    /// Nothing arrived within the timeout.
+    Pending,
+}
+
+struct State {
+    next_claim: u64,
+    next_deliver: u64,
+    ready: BTreeMap<u64, Result<Batch>>,
+    closed: bool,
+}
+
+struct Shared {
+    sources: Vec<Arc<dyn Source>>,
+    sampler: Sampler,
+    shard: std::ops::Range<usize>,
+    capacity: u64,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic inside a producer is caught before it can poison the lock;
+        // recover the guard anyway rather than cascade.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn produce(&self, step: u64, global: &mut [u64]) -> Result<Batch> {
+        self.sampler.fill(step, global);
+        let indices = global[self.shard.clone()].to_vec();
+        let columns = self
+            .sources
+            .iter()
+            .map(|s| s.gather(&indices))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Batch {
+            step,
+            indices,
+            columns,
+        })
+    }
+
+    fn run_producer(&self) {
+        let mut global = vec![0u64; self.sampler.batch_len()];
+        loop {
+            let step = {
+                let mut st = self.lock();
+                loop {
+                    if st.closed {
+                        return;
+                    }
+                    if st.next_claim - st.next_deliver < self.capacity && st.next_claim < u64::MAX {
+                        break;
+                    }
+                    st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+                st.next_claim += 1;
+                st.next_claim - 1
+            };
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.produce(step, &mut global)
+            }))
+            .unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(Error::State(format!("internal error while gathering step {step}: {what}")))
+            });
+            let mut st = self.lock();
+            st.ready.insert(step, result);
+            self.changed.notify_all();
+        }
+    }
+}
+
+/// An endless, step-ordered stream of batches gathered by native threads.
+pub struct Loader {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("sources", &self.shared.sources.len())
+            .field("sampler", &self.shared.sampler)
+            .field("shard", &self.shared.shard)
+            .finish()
+    }
+}
+
+impl Loader {
+    /// Starts a loader over `sources`, which must be non-empty and of equal length.
+    pub fn new(sources: Vec<Arc<dyn Source>>, config: LoaderConfig) -> Result<Loader> {
+        let length = match sources.first() {
+            Some(s) => s.len(),
+            None => return Err(Error::InvalidArgument("a loader needs at least one source".into())),
+        };
+        if let Some(bad) = sources.iter().find(|s| s.len() != length) {
+            return Err(Error::InvalidArgument(format!(
+                "all sources must have the same length: found {length} and {}",
+                bad.len()
+            )));
+        }
+        if length == 0 {
+            return Err(Error::InvalidArgument("the sources are empty".into()));
+        }
+        if config.shard_count == 0 || config.shard_index >= config.shard_count {
+            return Err(Error::InvalidArgument(format!(
+                "shard_index {} must be in 0..shard_count {}",
+                config.shard_index, config.shard_count
+            )));
+        }
+        if config.batch_size % config.shard_count != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "batch_size {} must be divisible by shard_count {}",
+                config.batch_size, config.shard_count
+            )));
+        }
+        if config.prefetch == 0 {
+            return Err(Error::InvalidArgument("prefetch must be at least 1".into()));
+        }
+        let mut sampler = Sampler::new(length, config.batch_size, config.mode, config.seed)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        sampler.seek(config.start_step);
+        // Cyclic over a space smaller than one batch draws all of it; shards
+        // then split what there is.
+        let drawn = sampler.batch_len() as u64;
+        let per_shard = drawn / config.shard_count;
+        let lo = (config.shard_index * per_shard) as usize;
+        let hi = if config.shard_index + 1 == config.shard_count {
+            drawn as usize
+        } else {
+            lo + per_shard as usize
+        };
+        let shared = Arc::new(Shared {
+            sources,
+            sampler,
+            shard: lo..hi,
+            capacity: config.prefetch as u64,
+            state: Mutex::new(State {
+                next_claim: config.start_step,
+                next_deliver: config.start_step,
+                ready: BTreeMap::new(),
+                closed: false,
+            }),
+            changed: Condvar::new(),
+        });
+        let producers = config.producers.clamp(1, config.prefetch);
+        let mut threads = Vec::with_capacity(producers);
+        for i in 0..producers {
+            let worker = Arc::clone(&shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("loaderx-loader-{i}"))
+                .spawn(move || worker.run_producer())
+                .map_err(|e| Error::io("starting a loader thread", e));
+            match handle {
+                Ok(h) => threads.push(h),
+                Err(e) => {
+                    let mut partial = Loader { shared, threads };
+                    partial.close();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Loader { shared, threads })
+    }
+
+    /// The step of the next batch to be delivered.
+    pub fn step(&self) -> u64 {
+        self.shared.lock().next_deliver
+    }
+
+    /// Records per delivered batch (this shard's slice).
+    pub fn shard_batch_len(&self) -> usize {
+        self.shared.shard.len()
+    }
+
+    /// Waits up to `timeout` for the next batch in step order.
+    pub fn next_timeout(&self, timeout: Duration) -> Next {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.lock();
+        loop {
+            if st.closed {
+                return Next::Closed;
+            }
+            let step = st.next_deliver;
+            if let Some(result) = st.ready.remove(&step) {
+                st.next_deliver += 1;
+                if result.is_err() {
+                    // A failed step stops the loader: later steps are not delivered.
+                    st.closed = true;
+                    st.ready.clear();
+                }
+                self.shared.changed.notify_all();
+                return Next::Ready(result);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Next::Pending;
+            }
+            st = self
+                .shared
+                .changed
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Signals every thread to stop and wakes every waiter, without waiting.
+    pub fn request_close(&self) {
+        let mut st = self.shared.lock();
+        st.closed = true;
+        st.ready.clear();
+        self.shared.changed.notify_all();
+    }
+
+    /// Stops the loader and waits for its threads to finish their current
+    /// gather. Idempotent.
+    pub fn close(&mut self) {
+        self.request_close();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+
+    /// Whether the loader has been closed or stopped by an error.
+    pub fn is_closed(&self) -> bool {
+        self.shared.lock().closed
+    }
+}
+
+impl Iterator for Loader {
+    type Item = Result<Batch>;
+
+    /// Blocks until the next batch; `None` once closed.
+    fn next(&mut self) -> Option<Result<Batch>> {
+        loop {
+            match self.next_timeout(Duration::from_secs(3600)) {
+                Next::Ready(r) => return Some(r),
+                Next::Closed => return None,
+                Next::Pending => continue,
+            }
+        }
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A source whose record i is the 8-byte little-endian value i.
+    struct Counting {
+        len: u64,
+        fail_at: Option<u64>,
+        calls: AtomicUsize,
+    }
+
+    impl Source for Counting {
+        fn len(&self) -> u64 {
+            self.len
+        }
+        fn gather(&self, indices: &[u64]) -> Result<Column> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if let Some(bad) = self.fail_at {
+                if indices.contains(&bad) {
+                    return Err(Error::Corrupt(format!("record {bad} is broken")));
+                }
+            }
+            Ok(Column::Dense(DenseBatch {
+                data: indices.iter().flat_map(|i| i.to_le_bytes()).collect(),
+                rows: indices.len(),
+                width: 8,
+            }))
+        }
+    }
+
+    fn counting(len: u64) -> Arc<dyn Source> {
+        Arc::new(Counting {
+            len,
+            fail_at: None,
+            calls: AtomicUsize::new(0),
+        })
+    }
+
+    fn values(batch: &Batch) -> Vec<u64> {
+        match &batch.columns[0] {
+            Column::Dense(d) => d
+                .data
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+            Column::Ragged(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn delivers_in_step_order_matching_the_sampler() {
+        let config = LoaderConfig {
+            batch_size: 7,
+            producers: 3,
+            prefetch: 5,
+            ..LoaderConfig::default()
+        };
+        let sampler = Sampler::new(100, 7, Mode::Cyclic, 42).unwrap();
+        let mut loader = Loader::new(vec![counting(100)], config).unwrap();
+        for step in 0..50 {
+            let batch = loader.next().unwrap().unwrap();
+            assert_eq!(batch.step, step);
+            assert_eq!(batch.indices, sampler.batch_at(step));
+            assert_eq!(values(&batch), batch.indices);
+        }
+        assert_eq!(loader.step(), 50);
+    }
+
+    #[test]
+    fn resume_continues_the_sequence() {
+        let config = |start_step| LoaderConfig {
+            batch_size: 8,
+            mode: Mode::Iid,
+            seed: 7,
+            start_step,
+            ..LoaderConfig::default()
+        };
+        let full: Vec<Vec<u64>> = Loader::new(vec![counting(1000)], config(0))
+            .unwrap()
+            .take(20)
+            .map(|b| b.unwrap().indices)
+            .collect();
+        let resumed: Vec<Vec<u64>> = Loader::new(vec![counting(1000)], config(12))
+            .unwrap()
+            .take(8)
+            .map(|b| b.unwrap().indices)
+            .collect();
+        assert_eq!(&full[12..], &resumed[..]);
+    }
+
+    #[test]
+    fn shards_partition_the_global_batch() {
+        let global: Vec<Vec<u64>> = Loader::new(
+            vec![counting(97)],
+            LoaderConfig {
+                batch_size: 12,
+                ..LoaderConfig::default()
+            },
+        )
+        .unwrap()
+        .take(10)
+        .map(|b| b.unwrap().indices)
+        .collect();
+        for shards in [2u64, 3, 4] {
+            let mut joined = vec![Vec::new(); 10];
+            for shard in 0..shards {
+                let loader = Loader::new(
+                    vec![counting(97)],
+                    LoaderConfig {
+                        batch_size: 12,
+                        shard_index: shard,
+                        shard_count: shards,
+                        ..LoaderConfig::default()
+                    },
+                )
+                .unwrap();
+                for (step, b) in loader.take(10).enumerate() {
+                    let b = b.unwrap();
+                    assert_eq!(b.indices.len() as u64, 12 / shards);
+                    joined[step].extend(b.indices);
+                }
+            }
+            assert_eq!(joined, global, "{shards} shards");
+        }
+    }
+
+    #[test]
+    fn bad_configs_are_refused() {
+        let cfg = |f: fn(&mut LoaderConfig)| {
+            let mut c = LoaderConfig::default();
+            f(&mut c);
+            c
+        };
+        assert!(Loader::new(vec![], LoaderConfig::default()).is_err());
+        assert!(Loader::new(vec![counting(10), counting(11)], LoaderConfig::default()).is_err());
+        assert!(Loader::new(vec![counting(10)], cfg(|c| c.shard_count = 3)).is_err());
+        assert!(Loader::new(vec![counting(10)], cfg(|c| c.shard_index = 1)).is_err());
+        assert!(Loader::new(vec![counting(10)], cfg(|c| c.prefetch = 0)).is_err());
+        assert!(Loader::new(vec![counting(0)], LoaderConfig::default()).is_err());
+    }
+
+    #[test]
+    fn an_error_is_delivered_in_order_then_the_loader_stops() {
+        let source: Arc<dyn Source> = Arc::new(Counting {
+            len: 10,
+            fail_at: Some(7),
+            calls: AtomicUsize::new(0),
+        });
+        let config = LoaderConfig {
+            batch_size: 2,
+            mode: Mode::Sequential,
+            ..LoaderConfig::default()
+        };
+        let mut loader = Loader::new(vec![source], config).unwrap();
+        for _ in 0..3 {
+            assert!(loader.next().unwrap().is_ok());
+        }
+        let err = loader.next().unwrap().unwrap_err();
+        assert!(err.to_string().contains("record 7 is broken"), "{err}");
+        assert!(loader.next().is_none());
+    }
+
+    #[test]
+    fn prefetch_bounds_work_ahead() {
+        let source = Arc::new(Counting {
+            len: 1000,
+            fail_at: None,
+            calls: AtomicUsize::new(0),
+        });
+        let as_dyn: Arc<dyn Source> = source.clone();
+        let mut loader = Loader::new(
+            vec![as_dyn],
+            LoaderConfig {
+                batch_size: 4,
+                prefetch: 3,
+                producers: 2,
+                ..LoaderConfig::default()
+            },
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(source.calls.load(Ordering::SeqCst), 3);
+        loader.next().unwrap().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(source.calls.load(Ordering::SeqCst), 4);
+        loader.close();
+        assert!(loader.next().is_none());
+    }
+
+    #[test]
+    fn close_wakes_a_blocked_consumer() {
+        let loader = Arc::new(Mutex::new(None::<()>));
+        drop(loader);
+        let l = Loader::new(
+            vec![counting(10)],
+            LoaderConfig {
+                batch_size: 2,
+                ..LoaderConfig::default()
+            },
+        )
+        .unwrap();
+        l.request_close();
+        assert!(matches!(l.next_timeout(Duration::from_secs(5)), Next::Closed));
+    }
+}
