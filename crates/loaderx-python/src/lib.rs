@@ -5,8 +5,10 @@
 
 use pyo3::prelude::*;
 
+mod arrays;
 mod dict;
 mod errors;
+mod loader;
 mod sampler;
 mod store;
 
@@ -16,6 +18,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pool_threads, m)?)?;
     store::register(m)?;
     dict::register(m)?;
+    loader::register(m)?;
     sampler::register(m)?;
     Ok(())
 }

@@ -5,22 +5,21 @@
 //! format requires); readers behind an `Arc`, so `close()` never frees a map
 //! that a gather on another thread is still reading.
 
-use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
 use loaderx::schema::{DType, Kind, Schema};
 use loaderx::store::{CreateOptions, RaggedBatch, RaggedRecord, StoreReader, StoreWriter};
 use loaderx::{Codec, Error};
-use numpy::npyffi::{self, npy_intp, NpyTypes, NPY_ARRAY_WRITEABLE, PY_ARRAY_API};
 use numpy::{
-    PyArray1, PyArrayDescr, PyArrayDescrMethods, PyReadonlyArray1, PyReadwriteArray1,
-    PyUntypedArray, PyUntypedArrayMethods,
+    PyArrayDescr, PyArrayDescrMethods, PyReadonlyArray1, PyReadwriteArray1, PyUntypedArray,
+    PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
+use crate::arrays::ragged_list;
 use crate::errors::IntoPyResult;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -366,7 +365,12 @@ impl ReaderHandle {
 }
 
 impl ReaderHandle {
-    fn reader(&self) -> PyResult<Arc<StoreReader>> {
+    /// The Dense item shape, None for Ragged.
+    pub(crate) fn item_shape_dims(&self) -> Option<&[u64]> {
+        self.item_shape.as_deref()
+    }
+
+    pub(crate) fn reader(&self) -> PyResult<Arc<StoreReader>> {
         self.inner
             .read()
             .expect("reader lock poisoned")
@@ -387,66 +391,4 @@ fn to_indices(indices: &[i64], length: u64) -> PyResult<Vec<u64>> {
             })
         })
         .collect()
-}
-
-/// Wraps a Ragged batch as a list of arrays viewing one buffer: the buffer
-/// becomes a uint8 array (no copy) that every record's array keeps alive as
-/// its base.
-fn ragged_list<'py>(
-    py: Python<'py>,
-    batch: RaggedBatch,
-    dtype: &Bound<'py, PyArrayDescr>,
-) -> PyResult<Bound<'py, PyList>> {
-    let n = batch.len();
-    let shapes: Vec<Vec<npy_intp>> = (0..n)
-        .map(|i| batch.shape(i).iter().map(|&d| d as npy_intp).collect())
-        .collect();
-    let ranges: Vec<std::ops::Range<usize>> = (0..n).map(|i| batch.payload_range(i)).collect();
-    let base = PyArray1::<u8>::from_vec(py, batch.into_data());
-    // SAFETY: `base` is a live array object; reading its data pointer field is sound.
-    let base_ptr = unsafe { (*base.as_array_ptr()).fields.data as *mut u8 };
-    let list = PyList::empty(py);
-    for (shape, range) in shapes.into_iter().zip(ranges) {
-        let record = record_view(py, &base, base_ptr, range.start, shape, dtype)?;
-        list.append(record)?;
-    }
-    Ok(list)
-}
-
-fn record_view<'py>(
-    py: Python<'py>,
-    base: &Bound<'py, PyArray1<u8>>,
-    base_ptr: *mut u8,
-    offset: usize,
-    mut shape: Vec<npy_intp>,
-    dtype: &Bound<'py, PyArrayDescr>,
-) -> PyResult<Bound<'py, PyAny>> {
-    // SAFETY: `offset` lies inside the base buffer together with the
-    // record's whole payload (the engine checked the shape against the
-    // payload length). PyArray_NewFromDescr steals one reference to the
-    // descriptor, so we add one first; PyArray_SetBaseObject steals one
-    // reference to the base, which keeps the buffer alive as long as the
-    // view. Null results are turned into the pending Python exception.
-    unsafe {
-        let descr = dtype.as_dtype_ptr();
-        pyo3::ffi::Py_INCREF(descr.cast());
-        let array_type = npyffi::get_type_object(py, NpyTypes::PyArray_Type);
-        let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
-            py,
-            array_type,
-            descr,
-            shape.len() as i32,
-            shape.as_mut_ptr(),
-            std::ptr::null_mut(),
-            base_ptr.add(offset) as *mut c_void,
-            NPY_ARRAY_WRITEABLE,
-            std::ptr::null_mut(),
-        );
-        let view = Bound::from_owned_ptr_or_err(py, ptr)?;
-        pyo3::ffi::Py_INCREF(base.as_ptr());
-        if PY_ARRAY_API.PyArray_SetBaseObject(py, ptr.cast(), base.as_ptr()) < 0 {
-            return Err(PyErr::fetch(py));
-        }
-        Ok(view)
-    }
 }

@@ -48,7 +48,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::sampler::{Mode, Sampler};
-use crate::store::{DenseReader, RaggedBatch, RaggedReader};
+use crate::schema::Schema;
+use crate::store::{DenseReader, RaggedBatch, RaggedReader, StoreReader};
 
 /// The Dense part of a batch: `rows` records of `width` bytes, back to back.
 #[derive(Debug)]
@@ -82,24 +83,44 @@ pub trait Source: Send + Sync {
     fn gather(&self, indices: &[u64]) -> Result<Column>;
 }
 
+impl Source for StoreReader {
+    fn len(&self) -> u64 {
+        StoreReader::len(self)
+    }
+
+    /// Dense stores give [`Column::Dense`], Ragged stores [`Column::Ragged`].
+    fn gather(&self, indices: &[u64]) -> Result<Column> {
+        match self.schema() {
+            Schema::Dense { .. } => {
+                let width = self.schema().record_width().expect("dense") as usize;
+                let bytes = indices.len().checked_mul(width).ok_or_else(|| {
+                    Error::OutOfMemory(format!("{} records of {width} bytes", indices.len()))
+                })?;
+                let mut data = crate::store::zeroed_buffer(bytes).ok_or_else(|| {
+                    Error::OutOfMemory(format!("cannot allocate {bytes} bytes for a batch"))
+                })?;
+                self.gather_fixed(indices, width, &mut data)?;
+                Ok(Column::Dense(DenseBatch {
+                    data,
+                    rows: indices.len(),
+                    width,
+                }))
+            }
+            Schema::Ragged { dtype } => {
+                let (data, ranges) = self.gather_var(indices)?;
+                RaggedBatch::from_gather(data, ranges, indices, dtype.itemsize()).map(Column::Ragged)
+            }
+        }
+    }
+}
+
 impl Source for DenseReader {
     fn len(&self) -> u64 {
         DenseReader::len(self)
     }
 
     fn gather(&self, indices: &[u64]) -> Result<Column> {
-        let width = self.record_width();
-        let bytes = indices.len().checked_mul(width).ok_or_else(|| {
-            Error::OutOfMemory(format!("{} records of {width} bytes", indices.len()))
-        })?;
-        let mut data = crate::store::zeroed_buffer(bytes)
-            .ok_or_else(|| Error::OutOfMemory(format!("cannot allocate {bytes} bytes for a batch")))?;
-        self.gather_into(indices, &mut data)?;
-        Ok(Column::Dense(DenseBatch {
-            data,
-            rows: indices.len(),
-            width,
-        }))
+        Source::gather(self.inner(), indices)
     }
 }
 
@@ -257,7 +278,7 @@ impl Shared {
 /// An endless, step-ordered stream of batches gathered by native threads.
 pub struct Loader {
     shared: Arc<Shared>,
-    threads: Vec<JoinHandle<()>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -338,13 +359,19 @@ impl Loader {
             match handle {
                 Ok(h) => threads.push(h),
                 Err(e) => {
-                    let mut partial = Loader { shared, threads };
+                    let partial = Loader {
+                        shared,
+                        threads: Mutex::new(threads),
+                    };
                     partial.close();
                     return Err(e);
                 }
             }
         }
-        Ok(Loader { shared, threads })
+        Ok(Loader {
+            shared,
+            threads: Mutex::new(threads),
+        })
     }
 
     /// The step of the next batch to be delivered.
@@ -399,9 +426,15 @@ impl Loader {
 
     /// Stops the loader and waits for its threads to finish their current
     /// gather. Idempotent.
-    pub fn close(&mut self) {
+    pub fn close(&self) {
         self.request_close();
-        for t in self.threads.drain(..) {
+        let threads: Vec<_> = self
+            .threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect();
+        for t in threads {
             let _ = t.join();
         }
     }
@@ -625,8 +658,6 @@ mod tests {
 
     #[test]
     fn close_wakes_a_blocked_consumer() {
-        let loader = Arc::new(Mutex::new(None::<()>));
-        drop(loader);
         let l = Loader::new(
             vec![counting(10)],
             LoaderConfig {

@@ -1,0 +1,89 @@
+//! NumPy arrays over engine-owned buffers, built without copying.
+//!
+//! An engine `Vec<u8>` becomes a uint8 array (which owns it); typed arrays are
+//! then created as views of that base with the store's dtype and shapes, so
+//! each batch is one allocation however many records it holds.
+
+use std::ffi::c_void;
+
+use loaderx::store::RaggedBatch;
+use numpy::npyffi::{self, npy_intp, NpyTypes, NPY_ARRAY_WRITEABLE, PY_ARRAY_API};
+use numpy::{PyArray1, PyArrayDescr, PyArrayDescrMethods, PyArrayMethods, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+/// A writable C-contiguous array of `dtype` and `shape` owning `data`
+/// (which must hold exactly `prod(shape) * itemsize` bytes).
+pub fn dense_array<'py>(
+    py: Python<'py>,
+    data: Vec<u8>,
+    shape: Vec<npy_intp>,
+    dtype: &Bound<'py, PyArrayDescr>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let base = PyArray1::<u8>::from_vec(py, data);
+    view(py, &base, 0, shape, dtype)
+}
+
+/// Wraps a Ragged batch as a list of arrays viewing one buffer.
+pub fn ragged_list<'py>(
+    py: Python<'py>,
+    batch: RaggedBatch,
+    dtype: &Bound<'py, PyArrayDescr>,
+) -> PyResult<Bound<'py, PyList>> {
+    let n = batch.len();
+    let shapes: Vec<Vec<npy_intp>> = (0..n)
+        .map(|i| batch.shape(i).iter().map(|&d| d as npy_intp).collect())
+        .collect();
+    let offsets: Vec<usize> = (0..n).map(|i| batch.payload_range(i).start).collect();
+    let base = PyArray1::<u8>::from_vec(py, batch.into_data());
+    let list = PyList::empty(py);
+    for (shape, offset) in shapes.into_iter().zip(offsets) {
+        list.append(view(py, &base, offset, shape, dtype)?)?;
+    }
+    Ok(list)
+}
+
+/// A view of `base`'s bytes from `offset` as a C-contiguous `dtype` array of `shape`.
+pub fn view<'py>(
+    py: Python<'py>,
+    base: &Bound<'py, PyArray1<u8>>,
+    offset: usize,
+    mut shape: Vec<npy_intp>,
+    dtype: &Bound<'py, PyArrayDescr>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let bytes = shape.iter().map(|&d| d as usize).product::<usize>() * dtype.itemsize();
+    if offset + bytes > base.len() {
+        return Err(pyo3::exceptions::PyRuntimeError::new_err(
+            "internal error: array view outside its buffer",
+        ));
+    }
+    // SAFETY: the view lies inside the base buffer (checked above). The
+    // base's data pointer is valid while `base` lives, and the view keeps
+    // `base` alive through its base-object reference. PyArray_NewFromDescr
+    // steals one reference to the descriptor, so we add one first;
+    // PyArray_SetBaseObject steals one reference to the base, so we add one
+    // too. Null results are turned into the pending Python exception.
+    unsafe {
+        let data = base.data().add(offset) as *mut c_void;
+        let descr = dtype.as_dtype_ptr();
+        pyo3::ffi::Py_INCREF(descr.cast());
+        let array_type = npyffi::get_type_object(py, NpyTypes::PyArray_Type);
+        let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            array_type,
+            descr,
+            shape.len() as i32,
+            shape.as_mut_ptr(),
+            std::ptr::null_mut(),
+            data,
+            NPY_ARRAY_WRITEABLE,
+            std::ptr::null_mut(),
+        );
+        let array = Bound::from_owned_ptr_or_err(py, ptr)?;
+        pyo3::ffi::Py_INCREF(base.as_ptr());
+        if PY_ARRAY_API.PyArray_SetBaseObject(py, ptr.cast(), base.as_ptr()) < 0 {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(array)
+    }
+}

@@ -1,0 +1,324 @@
+"""DataLoader: an endless, step-based batch loader over a dict of stores.
+
+Index sampling and the gather of every stream run on native threads with the
+GIL released. A ``transform``, when given, runs on Python worker threads.
+Batches are delivered strictly in step order, so the sequence a loader yields
+is a pure function of (streams, batch_size, mode, seed, start_step): a run
+resumes exactly from one integer, ``loader.step``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Mapping
+
+from loaderx import _native
+from loaderx.zrecord import Dense, Ragged, _Store
+
+__all__ = ["DataLoader", "identity", "distributed_shard"]
+
+Batch = dict
+
+
+def identity(batch: Batch) -> Batch:
+    """The default transform: returns the batch unchanged (and costs nothing:
+    the loader skips the transform stage when it is given)."""
+    return batch
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            import numpy as np
+
+            if isinstance(value, np.integer) and not isinstance(value, np.bool_):
+                value = int(value)
+            else:
+                raise TypeError
+        except TypeError:
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return int(value)
+
+
+def _u64(name: str, value: Any, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = value.__index__()
+    if not minimum <= value < 2**64:
+        raise ValueError(f"{name} must be in {minimum}..2^64-1, got {value}")
+    return value
+
+
+def distributed_shard() -> tuple[int, int]:
+    """``(shard_index, shard_count)`` of this process: from ``torch.distributed``
+    or JAX when either is initialised, else ``(0, 1)``. Pass them to
+    ``DataLoader(..., shard_index=..., shard_count=...)``."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        try:
+            count = int(jax.process_count())
+            if count > 1:
+                return int(jax.process_index()), count
+        except Exception:  # JAX not initialised for multi-process use
+            pass
+    return 0, 1
+
+
+class _Failure:
+    """An exception raised while producing a step, held until its turn."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class DataLoader:
+    """Endless loader over ``streams``, a dict ``{name: opened Dense or Ragged}``
+    of equal length. Each batch is ``transform({name: value})``, where a Dense
+    value is a ``(batch, *item_shape)`` array and a Ragged value a list of
+    arrays, all gathered at the same indices.
+
+    ``mode``: 0 sequential, 1 IID, 2 cyclic (default), as in
+    ``loaderx.zsampler.Sampler``. Beyond loaderx 2.0.0:
+
+    * ``start_step``: begin at this step (resume); ``loader.step`` is the
+      number of the next batch, and ``state_dict()`` / ``load_state_dict()``
+      wrap it for checkpointing frameworks.
+    * ``shard_index`` / ``shard_count``: each process draws the same global
+      batch of ``batch_size`` records and gathers only its contiguous
+      ``1/shard_count`` slice, so shards are disjoint and cover every global
+      batch, and a run can resume on a different number of processes.
+
+    At most ``prefetch_size + transform_workers + 1`` batches are alive.
+    Iteration never ends by itself; ``close()`` (or leaving a ``with`` block)
+    stops it, and a consumer waiting on it then sees StopIteration. A failure
+    in a gather or the transform is raised to the consumer and stops the loader.
+    """
+
+    def __init__(
+        self,
+        streams: Mapping[str, Dense | Ragged],
+        transform_workers: int = 4,
+        batch_size: int = 256,
+        prefetch_size: int = 4,
+        mode: int = 2,
+        seed: int = 42,
+        transform: Callable[[Batch], Any] | None = identity,
+        *,
+        start_step: int = 0,
+        shard_index: int = 0,
+        shard_count: int = 1,
+    ) -> None:
+        self._closed = True  # until fully started, so __del__ is safe
+        if not isinstance(streams, Mapping) or len(streams) == 0:
+            raise ValueError("streams must be a non-empty dict of opened Dense/Ragged stores")
+        for name, store in streams.items():
+            if not isinstance(store, _Store):
+                raise ValueError(
+                    f"stream {name!r} is a {type(store).__name__}, not an opened Dense or Ragged store"
+                )
+            if store.writable:
+                raise ValueError(f"stream {name!r} is a writer; close it and pass Dense/Ragged.open(path)")
+            if store.closed:
+                raise ValueError(f"stream {name!r} is closed")
+        lengths = {name: len(store) for name, store in streams.items()}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"all streams must have the same length, got {lengths}")
+        if next(iter(lengths.values())) == 0:
+            raise ValueError("the streams are empty")
+        self._transform_workers = _positive_int("transform_workers", transform_workers)
+        self._prefetch_size = _positive_int("prefetch_size", prefetch_size)
+        self._batch_size = _u64("batch_size", batch_size, minimum=1)
+        mode = _u64("mode", mode)
+        if mode not in (0, 1, 2):
+            raise ValueError(f"mode must be 0 (sequential), 1 (iid) or 2 (cyclic), got {mode}")
+        self._mode = mode
+        self._seed = _u64("seed", seed)
+        self._shard_count = _u64("shard_count", shard_count, minimum=1)
+        self._shard_index = _u64("shard_index", shard_index)
+        if self._shard_index >= self._shard_count:
+            raise ValueError(f"shard_index must be in 0..{self._shard_count - 1}, got {self._shard_index}")
+        if self._batch_size % self._shard_count:
+            raise ValueError(
+                f"batch_size {self._batch_size} (the global batch) must be divisible by "
+                f"shard_count {self._shard_count}"
+            )
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be callable, got {type(transform).__name__}")
+        self._transform = None if transform is None or transform is identity else transform
+        self._names = list(streams)
+        self._streams = dict(streams)
+        self._start(_u64("start_step", start_step))
+
+    # -- pipeline -------------------------------------------------------------
+    def _start(self, step: int) -> None:
+        readers = [s._reader for s in self._streams.values()]
+        dtypes = [s.dtype for s in self._streams.values()]
+        self._core = _native.LoaderHandle(
+            readers,
+            dtypes,
+            self._batch_size,
+            self._mode,
+            self._seed,
+            step,
+            self._prefetch_size,
+            self._shard_index,
+            self._shard_count,
+            2,
+        )
+        self._step = step
+        self._closed = False
+        self._cond = threading.Condition()
+        self._done: dict[int, Any] = {}
+        self._held = 0
+        self._workers: list[threading.Thread] = []
+        if self._transform is not None:
+            for i in range(self._transform_workers):
+                t = threading.Thread(target=self._work, name=f"loaderx-transform-{i}", daemon=True)
+                self._workers.append(t)
+                t.start()
+
+    def _pack(self, values: list) -> Batch:
+        return dict(zip(self._names, values))
+
+    def _work(self) -> None:
+        core = self._core
+        cond = self._cond
+        transform = self._transform
+        limit = self._transform_workers
+        while True:
+            with cond:
+                while not self._closed and self._held >= limit:
+                    cond.wait()
+                if self._closed:
+                    return
+                self._held += 1
+            step = None
+            try:
+                item = core.next()
+                if item is None:
+                    with cond:
+                        self._held -= 1
+                        cond.notify_all()
+                    return
+                step, values = item
+                result = transform(self._pack(values))
+            except BaseException as e:  # delivered to the consumer in step order
+                if step is None:
+                    step = core.step - 1
+                result = _Failure(e)
+            with cond:
+                self._done[step] = result
+                cond.notify_all()
+            if isinstance(result, _Failure):
+                return
+
+    def __iter__(self) -> DataLoader:
+        return self
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        if self._transform is None:
+            try:
+                item = self._core.next()
+            except BaseException:
+                self.close()
+                raise
+            if item is None:
+                raise StopIteration
+            step, values = item
+            self._step = step + 1
+            return self._pack(values)
+        with self._cond:
+            while self._step not in self._done and not self._closed:
+                self._cond.wait()
+            if self._step not in self._done:
+                raise StopIteration
+            result = self._done.pop(self._step)
+            self._step += 1
+            self._held -= 1
+            self._cond.notify_all()
+        if isinstance(result, _Failure):
+            self.close()
+            raise result.error
+        return result
+
+    def __len__(self) -> int:
+        raise TypeError("a DataLoader is endless and has no len(); count steps instead")
+
+    # -- state ----------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Number of the next batch to be delivered (= batches delivered so far
+        when started at step 0). Restart with ``start_step=loader.step`` to resume."""
+        return self._step
+
+    @property
+    def batch_size(self) -> int:
+        """The global batch size."""
+        return self._batch_size
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"step": ...}``: everything needed to resume this loader."""
+        return {"step": self._step}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Repositions the loader so the next batch is ``state["step"]``."""
+        step = _u64("step", state["step"])
+        self._shutdown(join=True)
+        self._start(step)
+
+    # -- lifecycle --------------------------------------------------------------
+    def _shutdown(self, join: bool) -> None:
+        cond = getattr(self, "_cond", None)
+        if cond is None:
+            return
+        with cond:
+            self._closed = True
+            self._done.clear()
+            cond.notify_all()
+        me = threading.current_thread()
+        in_worker = me in self._workers
+        if join and not in_worker:
+            self._core.close()
+            for t in self._workers:
+                t.join()
+        else:
+            # From inside a transform: signal only; the consumer's close()
+            # (or the threads themselves, promptly) finish the shutdown.
+            self._core.request_close()
+
+    def close(self) -> None:
+        """Stops every thread and wakes a waiting consumer. Safe to call twice
+        and from inside a transform. The streams stay open (they are yours)."""
+        self._shutdown(join=True)
+
+    def __enter__(self) -> DataLoader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self._shutdown(join=False)
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return (
+            f"DataLoader(streams={self._names}, batch_size={self._batch_size}, mode={self._mode}, "
+            f"seed={self._seed}, step={self._step}, shard={self._shard_index}/{self._shard_count}"
+            f"{', closed' if self._closed else ''})"
+        )
