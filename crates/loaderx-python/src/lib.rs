@@ -1,7 +1,8 @@
 //! The `loaderx._native` extension module: a thin PyO3 layer over the
-//! `loaderx` engine crate. Every call that touches storage, compression or
-//! sampling runs with the GIL released; Python-facing checks and NumPy
-//! wrapping live in the `loaderx` Python package.
+//! `loaderx` engine crate. Every call that touches storage or compression,
+//! and every loader wait, runs with the GIL released (sampler draws release
+//! it only for large batches, where it pays for itself); Python-facing
+//! checks and NumPy wrapping live in the `loaderx` Python package.
 
 use pyo3::prelude::*;
 

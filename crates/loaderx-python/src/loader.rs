@@ -105,7 +105,10 @@ impl LoaderHandle {
                         };
                         values.append(value)?;
                     }
-                    return Ok(Some(PyTuple::new(py, [batch.step.into_pyobject(py)?.into_any(), values.into_any()])?));
+                    return Ok(Some(PyTuple::new(
+                        py,
+                        [batch.step.into_pyobject(py)?.into_any(), values.into_any()],
+                    )?));
                 }
                 Next::Ready(Err(e)) => return Err(to_py(py, e)),
                 Next::Closed => return Ok(None),

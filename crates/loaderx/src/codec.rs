@@ -1,9 +1,11 @@
-//! Per-record compression: one encoder or decoder context per worker task,
-//! reused for every record the task handles; dictionaries are prepared once
-//! per store and shared read-only by every context.
+//! Per-record compression. Encoders are made per worker task and share one
+//! prepared dictionary; decoders are pooled per store and reused across
+//! gathers, each owning its digested copy of the dictionary.
 
+use std::sync::Mutex;
 use zstd::bulk::{Compressor, Decompressor};
-use zstd::dict::{DecoderDictionary, EncoderDictionary};
+
+use zstd::dict::EncoderDictionary;
 
 use crate::error::{Error, Result};
 use crate::format::Codec;
@@ -58,25 +60,32 @@ impl<'d> Encoder<'d> {
     }
 }
 
-/// Reads frames of one codec into caller memory. Created per worker task.
-pub(crate) enum Decoder<'d> {
+/// Reads frames of one codec into caller memory.
+pub(crate) enum Decoder {
     Raw,
-    Zstd(Decompressor<'d>),
+    Zstd(Decompressor<'static>),
 }
 
-impl<'d> Decoder<'d> {
-    pub(crate) fn new(codec: Codec, dict: Option<&'d DecoderDictionary<'static>>) -> Result<Self> {
+impl Decoder {
+    fn new(codec: Codec, dict: Option<&[u8]>) -> Result<Self> {
         let ctx = match (codec, dict) {
             (Codec::Raw, _) => return Ok(Decoder::Raw),
             (Codec::Zstd, _) => Decompressor::new(),
-            (Codec::ZstdDict, Some(d)) => Decompressor::with_prepared_dictionary(d),
+            // The context keeps its own digested copy of the dictionary, so
+            // it owns everything it needs and can be pooled freely.
+            (Codec::ZstdDict, Some(d)) => Decompressor::with_dictionary(d),
             (Codec::ZstdDict, None) => {
                 return Err(Error::InvalidFormat(
                     "a zstd_dict store has no dictionary".into(),
                 ))
             }
         }
-        .map_err(|e| Error::OutOfMemory(format!("creating a zstd decompression context: {e}")))?;
+        .map_err(|e| match codec {
+            Codec::ZstdDict => {
+                Error::InvalidFormat(format!("dict.zr is not a usable zstd dictionary: {e}"))
+            }
+            _ => Error::OutOfMemory(format!("creating a zstd decompression context: {e}")),
+        })?;
         Ok(Decoder::Zstd(ctx))
     }
 
@@ -115,15 +124,80 @@ impl<'d> Decoder<'d> {
     }
 }
 
+/// Decoder contexts of one store, kept for reuse.
+///
+/// Creating a zstd context costs several microseconds (more with a
+/// dictionary to digest), as much as decoding a small record; a pool makes
+/// that a once-per-thread cost instead of a per-gather one.
+pub(crate) struct DecoderPool {
+    codec: Codec,
+    dict: Option<Vec<u8>>,
+    free: Mutex<Vec<Decoder>>,
+}
+
+/// Contexts kept per store beyond those in use; more are created on demand.
+const POOL_KEEP: usize = 64;
+
+impl DecoderPool {
+    /// A pool for `codec`; builds one context now so a bad dictionary is
+    /// reported when the store opens, not on its first read.
+    pub(crate) fn new(codec: Codec, dict: Option<&[u8]>) -> Result<Self> {
+        let first = Decoder::new(codec, dict)?;
+        Ok(DecoderPool {
+            codec,
+            dict: dict.map(<[u8]>::to_vec),
+            free: Mutex::new(vec![first]),
+        })
+    }
+
+    /// Takes a context (creating one if none is free); it returns to the
+    /// pool when dropped.
+    pub(crate) fn get(&self) -> Result<PooledDecoder<'_>> {
+        let cached = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let decoder = match cached {
+            Some(d) => d,
+            None => Decoder::new(self.codec, self.dict.as_deref())?,
+        };
+        Ok(PooledDecoder {
+            pool: self,
+            decoder: Some(decoder),
+        })
+    }
+}
+
+/// A decoder borrowed from a [`DecoderPool`].
+pub(crate) struct PooledDecoder<'p> {
+    pool: &'p DecoderPool,
+    decoder: Option<Decoder>,
+}
+
+impl std::ops::Deref for PooledDecoder<'_> {
+    type Target = Decoder;
+    fn deref(&self) -> &Decoder {
+        self.decoder.as_ref().expect("present until drop")
+    }
+}
+
+impl std::ops::DerefMut for PooledDecoder<'_> {
+    fn deref_mut(&mut self) -> &mut Decoder {
+        self.decoder.as_mut().expect("present until drop")
+    }
+}
+
+impl Drop for PooledDecoder<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.decoder.take() {
+            let mut free = self.pool.free.lock().unwrap_or_else(|p| p.into_inner());
+            if free.len() < POOL_KEEP {
+                free.push(d);
+            }
+        }
+    }
+}
+
 /// Prepares the shared encoder dictionary of a zstd_dict writer.
 pub(crate) fn encoder_dictionary(bytes: &[u8]) -> Result<EncoderDictionary<'static>> {
     EncoderDictionary::try_copy(bytes, ZSTD_DICT_LEVEL).map_err(|e| {
         Error::InvalidArgument(format!("dictionary bytes are not usable by zstd: {e}"))
     })
-}
-
-/// Prepares the shared decoder dictionary of a zstd_dict reader.
-pub(crate) fn decoder_dictionary(bytes: &[u8]) -> Result<DecoderDictionary<'static>> {
-    DecoderDictionary::try_copy(bytes)
-        .map_err(|e| Error::InvalidFormat(format!("dict.zr is not a usable zstd dictionary: {e}")))
 }

@@ -103,7 +103,7 @@ impl SampleCollector {
     pub fn push(&mut self, record: &[u8]) {
         let position = self.seen;
         self.seen += 1;
-        if position % self.stride != 0 || record.is_empty() {
+        if !position.is_multiple_of(self.stride) || record.is_empty() {
             return;
         }
         let take = record.len().min(self.budget);
@@ -133,7 +133,7 @@ impl SampleCollector {
         let mut kept = 0usize;
         for k in 0..self.sizes.len() {
             let size = self.sizes[k];
-            if self.positions[k] % stride == 0 {
+            if self.positions[k].is_multiple_of(stride) {
                 self.data.copy_within(read..read + size, write);
                 self.sizes[kept] = size;
                 self.positions[kept] = self.positions[k];

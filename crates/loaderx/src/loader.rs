@@ -108,7 +108,8 @@ impl Source for StoreReader {
             }
             Schema::Ragged { dtype } => {
                 let (data, ranges) = self.gather_var(indices)?;
-                RaggedBatch::from_gather(data, ranges, indices, dtype.itemsize()).map(Column::Ragged)
+                RaggedBatch::from_gather(data, ranges, indices, dtype.itemsize())
+                    .map(Column::Ragged)
             }
         }
     }
@@ -266,7 +267,9 @@ impl Shared {
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
-                Err(Error::State(format!("internal error while gathering step {step}: {what}")))
+                Err(Error::State(format!(
+                    "internal error while gathering step {step}: {what}"
+                )))
             });
             let mut st = self.lock();
             st.ready.insert(step, result);
@@ -296,7 +299,11 @@ impl Loader {
     pub fn new(sources: Vec<Arc<dyn Source>>, config: LoaderConfig) -> Result<Loader> {
         let length = match sources.first() {
             Some(s) => s.len(),
-            None => return Err(Error::InvalidArgument("a loader needs at least one source".into())),
+            None => {
+                return Err(Error::InvalidArgument(
+                    "a loader needs at least one source".into(),
+                ))
+            }
         };
         if let Some(bad) = sources.iter().find(|s| s.len() != length) {
             return Err(Error::InvalidArgument(format!(
@@ -313,7 +320,7 @@ impl Loader {
                 config.shard_index, config.shard_count
             )));
         }
-        if config.batch_size % config.shard_count != 0 {
+        if !config.batch_size.is_multiple_of(config.shard_count) {
             return Err(Error::InvalidArgument(format!(
                 "batch_size {} must be divisible by shard_count {}",
                 config.batch_size, config.shard_count
@@ -667,6 +674,9 @@ mod tests {
         )
         .unwrap();
         l.request_close();
-        assert!(matches!(l.next_timeout(Duration::from_secs(5)), Next::Closed));
+        assert!(matches!(
+            l.next_timeout(Duration::from_secs(5)),
+            Next::Closed
+        ));
     }
 }

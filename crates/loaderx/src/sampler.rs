@@ -34,12 +34,16 @@
 //!   reduction. A rejected candidate is replaced by the next acceptable draw
 //!   of a second SplitMix64 stream (the chunk's retry stream), taken in index
 //!   order.
-//! * Cyclic: cycle `c` uses six 32-bit round keys derived from
-//!   `derive(derive(seed, DOMAIN_CYCLIC), c)`. The Feistel domain is
+//! * Cyclic: with `p = max(length / batch_size, 1)` steps per cycle, step
+//!   `s` is position range `(s % p) * n..(s % p + 1) * n` (`n` the batch
+//!   length) of the permutation of cycle `c = s / p`, which uses six 32-bit
+//!   round keys, the high words of `derive(derive(derive(seed,
+//!   DOMAIN_CYCLIC), c), r)` for `r` in `0..6`. The Feistel domain is
 //!   `0..2^b`, `b = ceil(log2(length))`, split into a low half of `b / 2`
-//!   bits and a high half of the remaining bits; rounds alternate between
-//!   updating the high half from the low one and the low half from the high
-//!   one. Values at or above `length` are fed through the network again.
+//!   bits and a high half of the remaining bits; even rounds do
+//!   `lo ^= mix32(hi ^ key) & lo_mask`, odd rounds
+//!   `hi ^= mix32(lo ^ key) & hi_mask`. Values at or above `length` are fed
+//!   through the network again until they fall below it.
 
 use std::fmt;
 
@@ -57,7 +61,7 @@ pub const MAX_BATCH_LEN: u64 = 1 << 40;
 /// stream definition; it also sets the grain of multi-threaded fills.
 const CHUNK: usize = 1 << 16;
 
-/// Batches at least this long are filled on the rayon pool.
+/// Batches at least this long are split between the worker pool's threads.
 const PARALLEL_MIN: usize = 2 * CHUNK;
 
 /// Kernels work on blocks of this many indices at a time, round by round,
@@ -238,23 +242,61 @@ impl Feistel {
         for ((l, h), &x) in lo.iter_mut().zip(hi.iter_mut()).zip(xs.iter()) {
             (*h, *l) = x.split(self.lo_bits, self.lo_mask);
         }
-        for pair in self.keys.chunks_exact(2) {
-            let (k_hi, k_lo) = (pair[0], pair[1]);
-            for (h, &l) in hi.iter_mut().zip(lo.iter()) {
-                *h ^= mix32(l ^ k_hi) & self.hi_mask;
-            }
+        self.rounds(&mut lo, &mut hi, 0);
+        for ((x, &l), &h) in xs.iter_mut().zip(lo.iter()).zip(hi.iter()) {
+            *x = W::join(h, l, self.lo_bits);
+        }
+    }
+
+    /// [`apply_block`](Feistel::apply_block) for the consecutive values
+    /// `first, first + 1, ...`. When they share at most two high halves, the
+    /// first round needs only two round-function evaluations.
+    #[inline(always)]
+    fn apply_run<W: Word, const N: usize>(&self, first: W, xs: &mut [W; N]) {
+        let mut lo = [0u32; N];
+        let mut hi = [0u32; N];
+        for (i, (l, h)) in lo.iter_mut().zip(hi.iter_mut()).enumerate() {
+            (*h, *l) = first.add(i).split(self.lo_bits, self.lo_mask);
+        }
+        if N as u64 <= 1u64 << self.lo_bits {
+            let (h0, _) = first.split(self.lo_bits, self.lo_mask);
+            let f0 = mix32(h0 ^ self.keys[0]) & self.lo_mask;
+            let f1 = mix32(h0.wrapping_add(1) ^ self.keys[0]) & self.lo_mask;
             for (l, &h) in lo.iter_mut().zip(hi.iter()) {
-                *l ^= mix32(h ^ k_lo) & self.lo_mask;
+                *l ^= if h == h0 { f0 } else { f1 };
             }
+            self.rounds(&mut lo, &mut hi, 1);
+        } else {
+            self.rounds(&mut lo, &mut hi, 0);
         }
         for ((x, &l), &h) in xs.iter_mut().zip(lo.iter()).zip(hi.iter()) {
             *x = W::join(h, l, self.lo_bits);
         }
     }
+
+    /// Rounds `from..ROUNDS`: even rounds update the low half from the high
+    /// one, odd rounds the high half from the low one.
+    #[inline(always)]
+    fn rounds<const N: usize>(&self, lo: &mut [u32; N], hi: &mut [u32; N], from: usize) {
+        for r in from..ROUNDS {
+            let k = self.keys[r];
+            if r % 2 == 0 {
+                for (l, &h) in lo.iter_mut().zip(hi.iter()) {
+                    *l ^= mix32(h ^ k) & self.lo_mask;
+                }
+            } else {
+                for (h, &l) in hi.iter_mut().zip(lo.iter()) {
+                    *h ^= mix32(l ^ k) & self.hi_mask;
+                }
+            }
+        }
+    }
 }
 
 /// Lane type of the cyclic kernel: `u32` when the Feistel domain fits in 32
-/// bits (narrower lanes vectorise better), `u64` otherwise.
+/// bits (narrower lanes vectorise better), `u64` otherwise. Halves are at
+/// most 16 bits wide in `u32` lanes and 32 bits in `u64` lanes, so no shift
+/// reaches the lane width.
 trait Word: Copy + Default + PartialOrd {
     fn from_u64(x: u64) -> Self;
     fn to_u64(self) -> u64;
@@ -501,7 +543,8 @@ impl Sampler {
 
     /// Writes batch `step` into `out`, leaving the position unchanged. This
     /// is a pure function of the sampler's parameters and `step`. Batches of
-    /// at least 131 072 indices are filled on the rayon thread pool.
+    /// at least 131 072 indices are filled on the shared worker pool
+    /// ([`crate::pool`]).
     ///
     /// # Panics
     ///
@@ -515,9 +558,11 @@ impl Sampler {
             self.batch_len
         );
         if out.len() >= PARALLEL_MIN {
-            out.par_chunks_mut(CHUNK)
-                .enumerate()
-                .for_each(|(c, chunk)| self.fill_chunk(step, c, chunk));
+            crate::pool::pool().install(|| {
+                out.par_chunks_mut(CHUNK)
+                    .enumerate()
+                    .for_each(|(c, chunk)| self.fill_chunk(step, c, chunk));
+            });
         } else {
             for (c, chunk) in out.chunks_mut(CHUNK).enumerate() {
                 self.fill_chunk(step, c, chunk);
@@ -677,11 +722,7 @@ impl Sampler {
         let mut block = [W::default(); BLOCK];
         for begin in (0..out.len()).step_by(BLOCK) {
             let len = BLOCK.min(out.len() - begin);
-            let first = W::from_u64(start.wrapping_add(begin as u64));
-            for (i, x) in block.iter_mut().enumerate() {
-                *x = first.add(i);
-            }
-            feistel.apply_block(&mut block);
+            feistel.apply_run(W::from_u64(start.wrapping_add(begin as u64)), &mut block);
             for (o, &x) in out[begin..begin + len].iter_mut().zip(block.iter()) {
                 *o = x.to_u64();
             }
@@ -1097,7 +1138,7 @@ mod tests {
 
     #[test]
     fn cyclic_large_parallel_batch() {
-        // A batch spanning several chunks (filled on the rayon pool) is a set
+        // A batch spanning several chunks (filled on the worker pool) is a set
         // of distinct indices and matches a chunk-by-chunk serial fill.
         let n = 1_000_000u64;
         let bs = 3 * CHUNK as u64 + 5;
@@ -1115,6 +1156,7 @@ mod tests {
     }
 
     /// Every instruction-set variant of the kernels this machine can run.
+    #[allow(unused_mut)] // nothing is added on other architectures
     fn isas() -> Vec<Isa> {
         let mut v = vec![Isa::Generic];
         #[cfg(target_arch = "x86_64")]
@@ -1154,6 +1196,40 @@ mod tests {
                             "{mode} n={n} bs={bs} {isa:?}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn feistel_run_matches_block() {
+        // The shortcut for runs of consecutive values computes the same
+        // bijection as the general block evaluation.
+        for bits in [1u32, 2, 7, 8, 13, 20, 31, 32, 33, 40, 64] {
+            let f = Feistel::new(bits, derive(5, u64::from(bits)));
+            let top = if bits == 64 {
+                u64::MAX
+            } else {
+                (1u64 << bits) - 1
+            };
+            for first in [0u64, 1, 100, top / 2, top.saturating_sub(200)] {
+                if first > top {
+                    continue;
+                }
+                let mut run = [0u64; BLOCK];
+                f.apply_run(first, &mut run);
+                let mut block: [u64; BLOCK] = std::array::from_fn(|i| first.wrapping_add(i as u64));
+                f.apply_block(&mut block);
+                let valid = usize::try_from((top - first).saturating_add(1))
+                    .map_or(BLOCK, |v| v.min(BLOCK));
+                assert_eq!(run[..valid], block[..valid], "bits {bits} first {first}");
+                if bits <= 32 {
+                    let mut run32 = [0u32; BLOCK];
+                    f.apply_run(first as u32, &mut run32);
+                    assert!(run32[..valid]
+                        .iter()
+                        .zip(&block)
+                        .all(|(&a, &b)| u64::from(a) == b));
                 }
             }
         }
@@ -1292,7 +1368,7 @@ mod tests {
                 4,
                 Mode::Cyclic,
                 42,
-                [662374, 985494, 740631, 959269],
+                [149805, 388153, 956338, 143756],
             ),
             (
                 1 << 40,
@@ -1306,7 +1382,7 @@ mod tests {
                 4,
                 Mode::Cyclic,
                 7,
-                [157799460442, 991458548740, 173267153645, 1052307098957],
+                [169872836691, 179185857438, 677870991385, 754923586845],
             ),
         ];
         for (n, bs, mode, seed, want) in pins {

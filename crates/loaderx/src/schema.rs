@@ -348,8 +348,14 @@ mod tests {
             Schema::decode(extra, Kind::Ragged),
             Err(Error::Schema(_))
         ));
+        // A valid MessagePack value that is not a map has the wrong fields;
+        // bytes that are not MessagePack at all are a format error.
         assert!(matches!(
             Schema::decode(b"\x93\x01\x02\x03", Kind::Ragged),
+            Err(Error::Schema(_))
+        ));
+        assert!(matches!(
+            Schema::decode(b"\xc1", Kind::Ragged),
             Err(Error::InvalidFormat(_))
         ));
         assert!(matches!(

@@ -13,11 +13,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
-use rayon::prelude::*;
-use zstd::dict::DecoderDictionary;
-
-use crate::codec::{self, Decoder};
+use crate::codec::{DecoderPool, PooledDecoder};
 use crate::error::{Error, Result};
 use crate::format::{
     Codec, Header, RecordLoc, DATA_FILE, DICT_FILE, HEADER_SIZE, LOC_SIZE, META_FILE, PAGE_SIZE,
@@ -26,6 +22,8 @@ use crate::io::{self, LockMode};
 use crate::pool;
 use crate::schema::{Kind, Schema};
 use crate::store::geometry::parse_ragged;
+use memmap2::Mmap;
+use rayon::prelude::*;
 
 /// Output bytes below which a gather runs on the calling thread: waking the
 /// pool costs more than copying or decoding this much.
@@ -43,7 +41,7 @@ pub struct StoreReader {
     meta: Option<Mmap>,
     data: Option<Mmap>,
     dict: Option<Vec<u8>>,
-    ddict: Option<DecoderDictionary<'static>>,
+    decoders: DecoderPool,
 }
 
 impl std::fmt::Debug for StoreReader {
@@ -142,8 +140,8 @@ impl StoreReader {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(Error::io(format!("reading {}", dict_path.display()), e)),
         };
-        let ddict = match (header.codec, &dict) {
-            (Codec::ZstdDict, Some(d)) if !d.is_empty() => Some(codec::decoder_dictionary(d)?),
+        match (header.codec, &dict) {
+            (Codec::ZstdDict, Some(d)) if !d.is_empty() => {}
             (Codec::ZstdDict, _) => {
                 return Err(Error::InvalidFormat(format!(
                     "a zstd_dict store needs a non-empty {DICT_FILE}"
@@ -155,8 +153,9 @@ impl StoreReader {
                     header.codec.name()
                 )))
             }
-            (_, None) => None,
-        };
+            (_, None) => {}
+        }
+        let decoders = DecoderPool::new(header.codec, dict.as_deref())?;
 
         let meta = if header.length > 0 {
             map_file(&meta_file, &meta_path)?
@@ -176,7 +175,7 @@ impl StoreReader {
             meta,
             data,
             dict,
-            ddict,
+            decoders,
         })
     }
 
@@ -239,8 +238,8 @@ impl StoreReader {
         &data[start..start + loc.phys_length as usize]
     }
 
-    fn decoder(&self) -> Result<Decoder<'_>> {
-        Decoder::new(self.header.codec, self.ddict.as_ref())
+    fn decoder(&self) -> Result<PooledDecoder<'_>> {
+        self.decoders.get()
     }
 
     /// Checks every index before any work starts, so an out-of-range index
@@ -271,7 +270,7 @@ impl StoreReader {
             return Ok(());
         }
         self.check_indices(indices)?;
-        let run = |idx: &[u64], dst: &mut [u8], dec: &mut Decoder<'_>| -> Result<()> {
+        let run = |idx: &[u64], dst: &mut [u8], dec: &mut PooledDecoder<'_>| -> Result<()> {
             for (&i, slot) in idx.iter().zip(dst.chunks_exact_mut(width)) {
                 let loc = self.loc(i)?;
                 if loc.logic_length as usize != width {
@@ -346,7 +345,7 @@ impl StoreReader {
             .zip(slots)
             .map(|((i, l), s)| (i, l, s))
             .collect();
-        let run = |dec: &mut Decoder<'_>, (i, loc, slot): (u64, &RecordLoc, &mut [u8])| {
+        let run = |dec: &mut PooledDecoder<'_>, (i, loc, slot): (u64, &RecordLoc, &mut [u8])| {
             dec.decode_into(i, self.frame(loc), slot)
         };
         if total <= INLINE_BYTES || work.len() == 1 {

@@ -280,7 +280,7 @@ impl StoreWriter {
                 "cannot append an empty batch".into(),
             ));
         }
-        if data.len() % width != 0 {
+        if !data.len().is_multiple_of(width) {
             return Err(Error::InvalidArgument(format!(
                 "{} bytes are not a whole number of {width}-byte records",
                 data.len()
