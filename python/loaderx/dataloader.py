@@ -10,7 +10,7 @@ resumes exactly from one integer, ``loader.step``.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from loaderx import _native
 from loaderx.zrecord import Dense, Ragged, _Store
@@ -98,6 +98,9 @@ class DataLoader:
       batch of ``batch_size`` records and gathers only its contiguous
       ``1/shard_count`` slice, so shards are disjoint and cover every global
       batch, and a run can resume on a different number of processes.
+    * ``packed``: True, or names of Ragged streams, to receive those streams as
+      ``(values, cu_seqlens, shapes)`` (see ``Ragged.gather_packed``) instead
+      of a list of arrays.
 
     At most ``prefetch_size + transform_workers + 1`` batches are alive.
     Iteration never ends by itself; ``close()`` (or leaving a ``with`` block)
@@ -118,6 +121,7 @@ class DataLoader:
         start_step: int = 0,
         shard_index: int = 0,
         shard_count: int = 1,
+        packed: bool | Iterable[str] = False,
     ) -> None:
         self._closed = True  # until fully started, so __del__ is safe
         if not isinstance(streams, Mapping) or len(streams) == 0:
@@ -158,6 +162,18 @@ class DataLoader:
         self._transform = None if transform is None or transform is identity else transform
         self._names = list(streams)
         self._streams = dict(streams)
+        ragged = {name for name, store in streams.items() if isinstance(store, Ragged)}
+        if packed is True:
+            self._packed = ragged
+        elif packed is False or packed is None:
+            self._packed = set()
+        else:
+            self._packed = {packed} if isinstance(packed, str) else set(packed)
+            unknown = self._packed - ragged
+            if unknown:
+                raise ValueError(
+                    f"packed names streams that are not Ragged streams of this loader: {sorted(unknown)}"
+                )
         self._start(_u64("start_step", start_step))
 
     # -- pipeline -------------------------------------------------------------
@@ -167,6 +183,7 @@ class DataLoader:
         self._core = _native.LoaderHandle(
             readers,
             dtypes,
+            [name in self._packed for name in self._names],
             self._batch_size,
             self._mode,
             self._seed,

@@ -468,6 +468,26 @@ class Ragged(_Store):
             raise ValueError("cannot append an empty batch")
         writer.append_ragged(items, self._dtype)
 
+    def gather_packed(self, key: Index) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Gathers a record set packed back to back, the layout variable-length
+        attention kernels take: ``(values, cu_seqlens, shapes)``.
+
+        ``values`` is one contiguous 1-D array of every record's elements in
+        order; ``cu_seqlens`` is int32 of length n + 1, starting at 0, so record
+        ``i`` is ``values[cu_seqlens[i]:cu_seqlens[i + 1]]``; ``shapes`` is an
+        int64 ``(n, ndim)`` array. The records must share one rank.
+        """
+        reader = self._require_reader()
+        i = _scalar_index(key)
+        if i is not None:
+            n = len(reader)
+            if not 0 <= i < n:
+                raise IndexError(f"index {i} is out of range for a store of {n} records")
+            idx = np.array([i], dtype=np.int64)
+        else:
+            idx = _index_array(key, len(reader))
+        return reader.gather_packed(idx, self._dtype)
+
     def _gather(self, reader: Any, idx: np.ndarray) -> list[np.ndarray]:
         if idx.shape[0] == 0:
             return []

@@ -6,11 +6,11 @@
 
 use std::ffi::c_void;
 
-use loaderx::store::RaggedBatch;
+use loaderx::store::{PackedBatch, RaggedBatch};
 use numpy::npyffi::{self, npy_intp, NpyTypes, NPY_ARRAY_WRITEABLE, PY_ARRAY_API};
 use numpy::{PyArray1, PyArrayDescr, PyArrayDescrMethods, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyList, PyTuple};
 
 /// A writable C-contiguous array of `dtype` and `shape` owning `data`
 /// (which must hold exactly `prod(shape) * itemsize` bytes).
@@ -22,6 +22,23 @@ pub fn dense_array<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let base = PyArray1::<u8>::from_vec(py, data);
     view(py, &base, 0, shape, dtype)
+}
+
+/// Wraps a packed Ragged batch as `(values, cu_seqlens, shapes)`: a 1-D
+/// `dtype` array of every element, int32 offsets (n + 1, from 0) and an int64
+/// `(n, ndim)` array of shapes.
+pub fn packed_tuple<'py>(
+    py: Python<'py>,
+    batch: PackedBatch,
+    dtype: &Bound<'py, PyArrayDescr>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let n = batch.len();
+    let elements = *batch.cu_seqlens.last().unwrap_or(&0) as npy_intp;
+    let values = dense_array(py, batch.values, vec![elements], dtype)?;
+    let cu_seqlens = PyArray1::from_vec(py, batch.cu_seqlens);
+    let shapes: Vec<i64> = batch.shapes.iter().map(|&d| d as i64).collect();
+    let shapes = PyArray1::from_vec(py, shapes).reshape([n, batch.ndim])?;
+    PyTuple::new(py, [values, cu_seqlens.into_any(), shapes.into_any()])
 }
 
 /// Wraps a Ragged batch as a list of arrays viewing one buffer.

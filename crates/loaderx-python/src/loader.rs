@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use loaderx::loader::{Column, Loader, LoaderConfig, Next, Source};
+use loaderx::loader::{Column, Loader, LoaderConfig, Next, Packed, Source};
 use loaderx::sampler::Mode;
 use numpy::npyffi::npy_intp;
 use numpy::PyArrayDescr;
@@ -12,7 +12,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-use crate::arrays::{dense_array, ragged_list};
+use crate::arrays::{dense_array, packed_tuple, ragged_list};
 use crate::errors::{to_py, IntoPyResult};
 use crate::store::ReaderHandle;
 
@@ -40,12 +40,13 @@ pub struct LoaderHandle {
 impl LoaderHandle {
     /// Starts gathering `readers` (ReaderHandle objects) with numpy dtypes `dtypes`.
     #[new]
-    #[pyo3(signature = (readers, dtypes, batch_size, mode, seed, start_step, prefetch, shard_index, shard_count, producers))]
+    #[pyo3(signature = (readers, dtypes, packed, batch_size, mode, seed, start_step, prefetch, shard_index, shard_count, producers))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         readers: Vec<Bound<'_, ReaderHandle>>,
         dtypes: Vec<Bound<'_, PyArrayDescr>>,
+        packed: Vec<bool>,
         batch_size: u64,
         mode: u64,
         seed: u64,
@@ -55,13 +56,13 @@ impl LoaderHandle {
         shard_count: u64,
         producers: usize,
     ) -> PyResult<Self> {
-        if readers.len() != dtypes.len() {
-            return Err(PyValueError::new_err("one dtype per reader"));
+        if readers.len() != dtypes.len() || readers.len() != packed.len() {
+            return Err(PyValueError::new_err("one dtype and one packed flag per reader"));
         }
         let mode = Mode::try_from(mode).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let mut sources: Vec<Arc<dyn Source>> = Vec::with_capacity(readers.len());
         let mut streams = Vec::with_capacity(readers.len());
-        for (reader, dtype) in readers.iter().zip(dtypes) {
+        for ((reader, dtype), pack) in readers.iter().zip(dtypes).zip(packed) {
             let handle = reader.get();
             let store = handle.reader()?;
             streams.push(StreamInfo {
@@ -70,7 +71,11 @@ impl LoaderHandle {
                     .item_shape_dims()
                     .map(|s| s.iter().map(|&d| d as npy_intp).collect()),
             });
-            sources.push(store);
+            if pack {
+                sources.push(Arc::new(Packed(store)));
+            } else {
+                sources.push(store);
+            }
         }
         let config = LoaderConfig {
             batch_size,
@@ -102,6 +107,7 @@ impl LoaderHandle {
                                 dense_array(py, d.data, shape, dtype)?
                             }
                             Column::Ragged(r) => ragged_list(py, r, dtype)?.into_any(),
+                            Column::Packed(p) => packed_tuple(py, p, dtype)?.into_any(),
                         };
                         values.append(value)?;
                     }

@@ -17,9 +17,9 @@ use numpy::{
 };
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyBytes, PyList, PyTuple};
 
-use crate::arrays::ragged_list;
+use crate::arrays::{packed_tuple, ragged_list};
 use crate::errors::IntoPyResult;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -361,6 +361,29 @@ impl ReaderHandle {
             })
             .py(py)?;
         ragged_list(py, batch, dtype)
+    }
+
+    /// Gathers Ragged records `indices` packed back to back:
+    /// `(values, cu_seqlens, shapes)`.
+    fn gather_packed<'py>(
+        &self,
+        py: Python<'py>,
+        indices: PyReadonlyArray1<'_, i64>,
+        dtype: &Bound<'py, PyArrayDescr>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        if self.kind != Kind::Ragged {
+            return Err(PyRuntimeError::new_err("gather_packed on a Dense store"));
+        }
+        let reader = self.reader()?;
+        let indices = to_indices(indices.as_slice()?, self.length)?;
+        let itemsize = dtype.itemsize() as u64;
+        let packed = py
+            .detach(|| {
+                let (data, ranges) = reader.gather_var(&indices)?;
+                RaggedBatch::from_gather(data, ranges, &indices, itemsize)?.into_packed()
+            })
+            .py(py)?;
+        packed_tuple(py, packed, dtype)
     }
 }
 

@@ -32,7 +32,7 @@
 //! assert_eq!(batch.indices, [0, 1, 2, 3, 4]);
 //! match &batch.columns[0] {
 //!     Column::Dense(d) => assert_eq!(&d.data[..8], &[0, 1, 2, 3, 4, 5, 6, 7]),
-//!     Column::Ragged(_) => unreachable!(),
+//!     _ => unreachable!(),
 //! }
 //! let second = loader.next().expect("endless")?;
 //! assert_eq!(second.indices, [5, 6, 7, 8, 9]);
@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::sampler::{Mode, Sampler};
 use crate::schema::Schema;
-use crate::store::{DenseReader, RaggedBatch, RaggedReader, StoreReader};
+use crate::store::{DenseReader, PackedBatch, RaggedBatch, RaggedReader, StoreReader};
 
 /// The Dense part of a batch: `rows` records of `width` bytes, back to back.
 #[derive(Debug)]
@@ -69,6 +69,8 @@ pub enum Column {
     Dense(DenseBatch),
     /// Variable-shape records sharing one buffer.
     Ragged(RaggedBatch),
+    /// Variable-shape records packed back to back (see [`Packed`]).
+    Packed(PackedBatch),
 }
 
 /// Something a loader can gather from: a store reader, typically.
@@ -132,6 +134,23 @@ impl Source for RaggedReader {
 
     fn gather(&self, indices: &[u64]) -> Result<Column> {
         RaggedReader::gather(self, indices).map(Column::Ragged)
+    }
+}
+
+/// Wraps a Ragged source so its batches come packed back to back
+/// ([`Column::Packed`]), the layout variable-length attention kernels take.
+pub struct Packed<S>(pub S);
+
+impl<S: Source> Source for Packed<S> {
+    fn len(&self) -> u64 {
+        self.0.len()
+    }
+
+    fn gather(&self, indices: &[u64]) -> Result<Column> {
+        match self.0.gather(indices)? {
+            Column::Ragged(batch) => batch.into_packed().map(Column::Packed),
+            other => Ok(other),
+        }
     }
 }
 
@@ -519,7 +538,7 @@ mod tests {
                 .chunks_exact(8)
                 .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
                 .collect(),
-            Column::Ragged(_) => unreachable!(),
+            _ => unreachable!(),
         }
     }
 

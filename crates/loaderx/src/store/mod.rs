@@ -36,6 +36,7 @@
 //! # Ok::<(), loaderx::Error>(())
 //! ```
 
+mod batch;
 mod geometry;
 mod reader;
 mod writer;
@@ -44,7 +45,8 @@ use std::path::Path;
 
 pub use geometry::{parse_ragged, RaggedRecord, MAX_NDIM};
 pub(crate) use reader::zeroed_buffer;
-pub use reader::{RaggedBatch, StoreReader};
+pub use batch::{PackedBatch, RaggedBatch};
+pub use reader::StoreReader;
 pub use writer::{CreateOptions, StoreWriter};
 
 use crate::error::Result;

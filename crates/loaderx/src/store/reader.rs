@@ -21,7 +21,6 @@ use crate::format::{
 use crate::io::{self, LockMode};
 use crate::pool;
 use crate::schema::{Kind, Schema};
-use crate::store::geometry::parse_ragged;
 use memmap2::Mmap;
 use rayon::prelude::*;
 
@@ -391,75 +390,4 @@ pub(crate) fn zeroed_buffer(len: usize) -> Option<Vec<u8>> {
     // `[u8; len]` (alignment 1), all `len` bytes are initialised (zero), and
     // length and capacity both equal the allocated size.
     Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
-}
-
-/// One Ragged gather: every record's bytes in one buffer, with their shapes.
-#[derive(Debug, Default)]
-pub struct RaggedBatch {
-    data: Vec<u8>,
-    payloads: Vec<std::ops::Range<usize>>,
-    shape_starts: Vec<usize>,
-    dims: Vec<u64>,
-}
-
-impl RaggedBatch {
-    /// Number of records.
-    pub fn len(&self) -> usize {
-        self.payloads.len()
-    }
-
-    /// Whether the batch is empty.
-    pub fn is_empty(&self) -> bool {
-        self.payloads.is_empty()
-    }
-
-    /// Shape of record `i`.
-    pub fn shape(&self, i: usize) -> &[u64] {
-        &self.dims[self.shape_starts[i]..self.shape_starts[i + 1]]
-    }
-
-    /// Byte range of record `i`'s payload in [`data`](Self::data).
-    pub fn payload_range(&self, i: usize) -> std::ops::Range<usize> {
-        self.payloads[i].clone()
-    }
-
-    /// C-order bytes of record `i`.
-    pub fn payload(&self, i: usize) -> &[u8] {
-        &self.data[self.payloads[i].clone()]
-    }
-
-    /// The shared buffer holding every record.
-    pub fn data(&self) -> &[u8] {
-        &self.data
-    }
-
-    /// Takes the shared buffer out of the batch.
-    pub fn into_data(self) -> Vec<u8> {
-        self.data
-    }
-
-    /// Builds the batch from [`StoreReader::gather_var`] output, parsing and
-    /// checking every record's shape prefix.
-    pub fn from_gather(
-        data: Vec<u8>,
-        ranges: Vec<std::ops::Range<usize>>,
-        indices: &[u64],
-        itemsize: u64,
-    ) -> Result<RaggedBatch> {
-        let mut payloads = Vec::with_capacity(ranges.len());
-        let mut shape_starts = Vec::with_capacity(ranges.len() + 1);
-        let mut dims = Vec::new();
-        shape_starts.push(0);
-        for (r, &i) in ranges.iter().zip(indices) {
-            let prefix = parse_ragged(i, &data[r.clone()], itemsize, &mut dims)?;
-            payloads.push(r.start + prefix..r.end);
-            shape_starts.push(dims.len());
-        }
-        Ok(RaggedBatch {
-            data,
-            payloads,
-            shape_starts,
-            dims,
-        })
-    }
 }
