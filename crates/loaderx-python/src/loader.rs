@@ -57,7 +57,9 @@ impl LoaderHandle {
         producers: usize,
     ) -> PyResult<Self> {
         if readers.len() != dtypes.len() || readers.len() != packed.len() {
-            return Err(PyValueError::new_err("one dtype and one packed flag per reader"));
+            return Err(PyValueError::new_err(
+                "one dtype and one packed flag per reader",
+            ));
         }
         let mode = Mode::try_from(mode).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let mut sources: Vec<Arc<dyn Source>> = Vec::with_capacity(readers.len());

@@ -144,7 +144,9 @@ impl RaggedBatch {
             })?;
             cu_seqlens.push(offset);
         }
-        let RaggedBatch { mut data, payloads, .. } = self;
+        let RaggedBatch {
+            mut data, payloads, ..
+        } = self;
         let mut write = 0usize;
         for r in payloads {
             let len = r.len();
@@ -181,7 +183,11 @@ mod tests {
 
     #[test]
     fn packs_payloads_back_to_back() {
-        let b = batch_of(&[(&[2], &[1, 0, 2, 0]), (&[1], &[3, 0]), (&[3], &[4, 0, 5, 0, 6, 0])]);
+        let b = batch_of(&[
+            (&[2], &[1, 0, 2, 0]),
+            (&[1], &[3, 0]),
+            (&[3], &[4, 0, 5, 0, 6, 0]),
+        ]);
         assert_eq!(b.shape(2), &[3]);
         assert_eq!(b.payload(1), &[3, 0]);
         let p = b.into_packed().unwrap();
@@ -198,13 +204,20 @@ mod tests {
             .unwrap();
         assert_eq!(p.shapes, [1, 2, 2, 1]);
         assert_eq!(p.cu_seqlens, [0, 2, 4]);
-        let s = batch_of(&[(&[], &[7, 0]), (&[], &[8, 0])]).into_packed().unwrap();
-        assert_eq!((s.ndim, s.cu_seqlens.as_slice(), s.values.as_slice()), (0, &[0, 1, 2][..], &[7, 0, 8, 0][..]));
+        let s = batch_of(&[(&[], &[7, 0]), (&[], &[8, 0])])
+            .into_packed()
+            .unwrap();
+        assert_eq!(
+            (s.ndim, s.cu_seqlens.as_slice(), s.values.as_slice()),
+            (0, &[0, 1, 2][..], &[7, 0, 8, 0][..])
+        );
     }
 
     #[test]
     fn mixed_ranks_are_refused() {
-        let err = batch_of(&[(&[1], &[1, 0]), (&[1, 1], &[2, 0])]).into_packed().unwrap_err();
+        let err = batch_of(&[(&[1], &[1, 0]), (&[1, 1], &[2, 0])])
+            .into_packed()
+            .unwrap_err();
         assert!(err.to_string().contains("different ranks"), "{err}");
     }
 

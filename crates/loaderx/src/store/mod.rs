@@ -43,9 +43,9 @@ mod writer;
 
 use std::path::Path;
 
+pub use batch::{PackedBatch, RaggedBatch};
 pub use geometry::{parse_ragged, RaggedRecord, MAX_NDIM};
 pub(crate) use reader::zeroed_buffer;
-pub use batch::{PackedBatch, RaggedBatch};
 pub use reader::StoreReader;
 pub use writer::{CreateOptions, StoreWriter};
 
@@ -222,6 +222,12 @@ impl RaggedReader {
             indices,
             self.inner.schema().dtype().itemsize(),
         )
+    }
+
+    /// Decodes records `indices` packed back to back (see [`PackedBatch`]);
+    /// the records must share one rank.
+    pub fn gather_packed(&self, indices: &[u64]) -> Result<PackedBatch> {
+        self.gather(indices)?.into_packed()
     }
 
     /// The untyped reader.
