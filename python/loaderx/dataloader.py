@@ -10,6 +10,7 @@ resumes exactly from one integer, ``loader.step``.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Callable, Iterable, Mapping
 
 from loaderx import _native
@@ -123,7 +124,7 @@ class DataLoader:
         shard_count: int = 1,
         packed: bool | Iterable[str] = False,
     ) -> None:
-        self._closed = True  # until fully started, so __del__ is safe
+        self._closed = True  # until fully started, so close() is safe
         if not isinstance(streams, Mapping) or len(streams) == 0:
             raise ValueError("streams must be a non-empty dict of opened Dense/Ragged stores")
         for name, store in streams.items():
@@ -178,11 +179,9 @@ class DataLoader:
 
     # -- pipeline -------------------------------------------------------------
     def _start(self, step: int) -> None:
-        readers = [s._reader for s in self._streams.values()]
-        dtypes = [s.dtype for s in self._streams.values()]
-        self._core = _native.LoaderHandle(
-            readers,
-            dtypes,
+        core = _native.LoaderHandle(
+            [s._reader for s in self._streams.values()],
+            [s.dtype for s in self._streams.values()],
             [name in self._packed for name in self._names],
             self._batch_size,
             self._mode,
@@ -193,52 +192,11 @@ class DataLoader:
             self._shard_count,
             2,
         )
-        self._step = step
+        self._pipe = _Pipeline(core, self._names, self._transform, self._transform_workers, step)
         self._closed = False
-        self._cond = threading.Condition()
-        self._done: dict[int, Any] = {}
-        self._held = 0
-        self._workers: list[threading.Thread] = []
-        if self._transform is not None:
-            for i in range(self._transform_workers):
-                t = threading.Thread(target=self._work, name=f"loaderx-transform-{i}", daemon=True)
-                self._workers.append(t)
-                t.start()
-
-    def _pack(self, values: list) -> Batch:
-        return dict(zip(self._names, values))
-
-    def _work(self) -> None:
-        core = self._core
-        cond = self._cond
-        transform = self._transform
-        limit = self._transform_workers
-        while True:
-            with cond:
-                while not self._closed and self._held >= limit:
-                    cond.wait()
-                if self._closed:
-                    return
-                self._held += 1
-            step = None
-            try:
-                item = core.next()
-                if item is None:
-                    with cond:
-                        self._held -= 1
-                        cond.notify_all()
-                    return
-                step, values = item
-                result = transform(self._pack(values))
-            except BaseException as e:  # delivered to the consumer in step order
-                if step is None:
-                    step = core.step - 1
-                result = _Failure(e)
-            with cond:
-                self._done[step] = result
-                cond.notify_all()
-            if isinstance(result, _Failure):
-                return
+        # The pipeline's threads hold the pipeline, never the loader, so an
+        # abandoned loader is collected and its threads told to stop.
+        self._finalizer = weakref.finalize(self, self._pipe.shutdown, False)
 
     def __iter__(self) -> DataLoader:
         return self
@@ -246,30 +204,13 @@ class DataLoader:
     def __next__(self) -> Any:
         if self._closed:
             raise StopIteration
-        if self._transform is None:
-            try:
-                item = self._core.next()
-            except BaseException:
-                self.close()
-                raise
-            if item is None:
-                raise StopIteration
-            step, values = item
-            self._step = step + 1
-            return self._pack(values)
-        with self._cond:
-            while self._step not in self._done and not self._closed:
-                self._cond.wait()
-            if self._step not in self._done:
-                raise StopIteration
-            result = self._done.pop(self._step)
-            self._step += 1
-            self._held -= 1
-            self._cond.notify_all()
-        if isinstance(result, _Failure):
+        try:
+            return self._pipe.next()
+        except StopIteration:
+            raise
+        except BaseException:
             self.close()
-            raise result.error
-        return result
+            raise
 
     def __len__(self) -> int:
         raise TypeError("a DataLoader is endless and has no len(); count steps instead")
@@ -279,7 +220,7 @@ class DataLoader:
     def step(self) -> int:
         """Number of the next batch to be delivered (= batches delivered so far
         when started at step 0). Restart with ``start_step=loader.step`` to resume."""
-        return self._step
+        return self._pipe.step
 
     @property
     def batch_size(self) -> int:
@@ -288,38 +229,23 @@ class DataLoader:
 
     def state_dict(self) -> dict[str, int]:
         """``{"step": ...}``: everything needed to resume this loader."""
-        return {"step": self._step}
+        return {"step": self.step}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Repositions the loader so the next batch is ``state["step"]``."""
         step = _u64("step", state["step"])
-        self._shutdown(join=True)
+        self.close()
         self._start(step)
 
     # -- lifecycle --------------------------------------------------------------
-    def _shutdown(self, join: bool) -> None:
-        cond = getattr(self, "_cond", None)
-        if cond is None:
-            return
-        with cond:
-            self._closed = True
-            self._done.clear()
-            cond.notify_all()
-        me = threading.current_thread()
-        in_worker = me in self._workers
-        if join and not in_worker:
-            self._core.close()
-            for t in self._workers:
-                t.join()
-        else:
-            # From inside a transform: signal only; the consumer's close()
-            # (or the threads themselves, promptly) finish the shutdown.
-            self._core.request_close()
-
     def close(self) -> None:
         """Stops every thread and wakes a waiting consumer. Safe to call twice
         and from inside a transform. The streams stay open (they are yours)."""
-        self._shutdown(join=True)
+        pipe = getattr(self, "_pipe", None)
+        self._closed = True
+        if pipe is not None:
+            self._finalizer.detach()
+            pipe.shutdown(True)
 
     def __enter__(self) -> DataLoader:
         return self
@@ -327,15 +253,107 @@ class DataLoader:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        try:
-            self._shutdown(join=False)
-        except Exception:
-            pass
-
     def __repr__(self) -> str:
         return (
             f"DataLoader(streams={self._names}, batch_size={self._batch_size}, mode={self._mode}, "
-            f"seed={self._seed}, step={self._step}, shard={self._shard_index}/{self._shard_count}"
+            f"seed={self._seed}, step={self.step}, shard={self._shard_index}/{self._shard_count}"
             f"{', closed' if self._closed else ''})"
         )
+
+
+class _Pipeline:
+    """The running part of a DataLoader: the native core and, with a
+    transform, the worker threads and the reorder buffer behind them.
+
+    Workers take batches from the core in step order (so at most
+    ``transform_workers`` batches are between the core and the consumer),
+    transform them concurrently, and park results by step; the consumer
+    takes them strictly in step order.
+    """
+
+    def __init__(self, core: Any, names: list, transform: Callable | None, workers: int, step: int) -> None:
+        self.core = core
+        self.names = names
+        self.transform = transform
+        self.limit = workers
+        self.step = step
+        self.closed = False
+        self.cond = threading.Condition()
+        self.done: dict[int, Any] = {}
+        self.held = 0
+        self.threads: list[threading.Thread] = []
+        if transform is not None:
+            for i in range(workers):
+                t = threading.Thread(target=self._work, name=f"loaderx-transform-{i}", daemon=True)
+                self.threads.append(t)
+                t.start()
+
+    def _pack(self, values: list) -> Batch:
+        return dict(zip(self.names, values))
+
+    def _work(self) -> None:
+        core, cond, transform = self.core, self.cond, self.transform
+        while True:
+            with cond:
+                while not self.closed and self.held >= self.limit:
+                    cond.wait()
+                if self.closed:
+                    return
+                self.held += 1
+            step = None
+            try:
+                item = core.next()
+                if item is None:
+                    with cond:
+                        self.held -= 1
+                        cond.notify_all()
+                    return
+                step, values = item
+                result = transform(self._pack(values))
+            except BaseException as e:  # delivered to the consumer in step order
+                if step is None:
+                    step = core.step - 1
+                result = _Failure(e)
+            with cond:
+                if self.closed:
+                    return
+                self.done[step] = result
+                cond.notify_all()
+            if isinstance(result, _Failure):
+                return
+
+    def next(self) -> Any:
+        if self.transform is None:
+            item = self.core.next()
+            if item is None:
+                raise StopIteration
+            step, values = item
+            self.step = step + 1
+            return self._pack(values)
+        with self.cond:
+            while self.step not in self.done and not self.closed:
+                self.cond.wait()
+            if self.closed:
+                raise StopIteration
+            result = self.done.pop(self.step)
+            self.held -= 1
+            if not isinstance(result, _Failure):
+                self.step += 1
+            self.cond.notify_all()
+        if isinstance(result, _Failure):
+            raise result.error
+        return result
+
+    def shutdown(self, join: bool) -> None:
+        with self.cond:
+            self.closed = True
+            self.done.clear()
+            self.cond.notify_all()
+        if join and threading.current_thread() not in self.threads:
+            self.core.close()
+            for t in self.threads:
+                t.join()
+        else:
+            # From inside a transform (or a finalizer): signal only; the
+            # threads stop promptly on their own, and a later close() joins them.
+            self.core.request_close()

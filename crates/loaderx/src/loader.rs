@@ -222,9 +222,11 @@ pub enum Next {
     Pending,
 }
 
+/// Step counters are u128 so that the last step, `u64::MAX`, can be claimed
+/// and delivered like any other; past it the loader is exhausted.
 struct State {
-    next_claim: u64,
-    next_deliver: u64,
+    next_claim: u128,
+    next_deliver: u128,
     ready: BTreeMap<u64, Result<Batch>>,
     closed: bool,
 }
@@ -269,13 +271,15 @@ impl Shared {
                     if st.closed {
                         return;
                     }
-                    if st.next_claim - st.next_deliver < self.capacity && st.next_claim < u64::MAX {
+                    if st.next_claim - st.next_deliver < self.capacity as u128
+                        && st.next_claim <= u64::MAX as u128
+                    {
                         break;
                     }
                     st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
                 }
                 st.next_claim += 1;
-                st.next_claim - 1
+                (st.next_claim - 1) as u64
             };
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.produce(step, &mut global)
@@ -367,8 +371,8 @@ impl Loader {
             shard: lo..hi,
             capacity: config.prefetch as u64,
             state: Mutex::new(State {
-                next_claim: config.start_step,
-                next_deliver: config.start_step,
+                next_claim: config.start_step as u128,
+                next_deliver: config.start_step as u128,
                 ready: BTreeMap::new(),
                 closed: false,
             }),
@@ -400,9 +404,10 @@ impl Loader {
         })
     }
 
-    /// The step of the next batch to be delivered.
+    /// The step of the next batch to be delivered (saturating at
+    /// `u64::MAX` once the last step has been delivered).
     pub fn step(&self) -> u64 {
-        self.shared.lock().next_deliver
+        self.shared.lock().next_deliver.min(u64::MAX as u128) as u64
     }
 
     /// Records per delivered batch (this shard's slice).
@@ -418,7 +423,10 @@ impl Loader {
             if st.closed {
                 return Next::Closed;
             }
-            let step = st.next_deliver;
+            if st.next_deliver > u64::MAX as u128 {
+                return Next::Closed;
+            }
+            let step = st.next_deliver as u64;
             if let Some(result) = st.ready.remove(&step) {
                 st.next_deliver += 1;
                 if result.is_err() {
@@ -680,6 +688,27 @@ mod tests {
         assert_eq!(source.calls.load(Ordering::SeqCst), 4);
         loader.close();
         assert!(loader.next().is_none());
+    }
+
+    #[test]
+    fn the_last_step_is_delivered_then_the_loader_ends() {
+        let config = LoaderConfig {
+            batch_size: 3,
+            mode: Mode::Sequential,
+            start_step: u64::MAX - 1,
+            ..LoaderConfig::default()
+        };
+        let sampler = Sampler::new(10, 3, Mode::Sequential, 42).unwrap();
+        let mut loader = Loader::new(vec![counting(10)], config).unwrap();
+        for step in [u64::MAX - 1, u64::MAX] {
+            let batch = loader.next().unwrap().unwrap();
+            assert_eq!(
+                (batch.step, &batch.indices),
+                (step, &sampler.batch_at(step))
+            );
+        }
+        assert!(loader.next().is_none());
+        assert_eq!(loader.step(), u64::MAX);
     }
 
     #[test]
