@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
+RUSTDOCFLAGS="-D warnings" cargo doc -p loaderx --no-deps -q
 
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv

@@ -15,7 +15,9 @@
 //! Batched gathers and appends fan out over one process-wide thread pool
 //! ([`pool`]).
 //!
-//! The format is documented in [`format`]; errors in [`Error`].
+//! The format is documented in [`mod@format`]; errors in [`Error`].
+
+#![warn(missing_docs)]
 
 #[cfg(target_endian = "big")]
 compile_error!("the Zrecord format is little-endian; big-endian hosts are not supported");

@@ -57,7 +57,7 @@ impl RaggedBatch {
         self.data
     }
 
-    /// Builds the batch from [`StoreReader::gather_var`] output, parsing and
+    /// Builds the batch from [`StoreReader::gather_var`](crate::store::StoreReader::gather_var) output, parsing and
     /// checking every record's shape prefix.
     pub fn from_gather(
         data: Vec<u8>,
