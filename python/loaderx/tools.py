@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TextIO, Union
+from typing import Any, Callable, Iterable, Iterator, Sequence, TextIO, Union
 
 import numpy as np
 
@@ -481,10 +481,13 @@ def _convert_ndarray(
 
 
 def _load_npy(p: pathlib.Path) -> np.ndarray:
+    with open(p, "rb") as f:
+        if f.read(6) != b"\x93NUMPY":
+            raise ConvertError(f"{p} is not a .npy file (no NumPy header)")
     try:
         return np.load(p, mmap_mode="r", allow_pickle=False)
     except ValueError as e:
-        if "object" in str(e).lower() or "pickle" in str(e).lower():
+        if "object" in str(e).lower():
             raise UnsupportedColumnError(
                 f"unsupported column type: {p} holds Python objects (dtype object)"
             ) from None
@@ -887,11 +890,6 @@ class _ColumnPlan:
                 f"unsupported column type: column {self.name!r} row {self.first_empty} is empty; "
                 "a Ragged store cannot hold zero-byte records"
             )
-
-    def describe(self) -> str:
-        if self.kind == "dense":
-            return f"Dense {self.dtype} {self.item_shape}"
-        return f"Ragged {self.dtype}"
 
 
 def _list_values_ok(t: Any) -> bool:

@@ -410,10 +410,7 @@ class Dense(_Store):
         writer.append_dense(flat)
 
     def _gather(self, reader: Any, idx: np.ndarray) -> np.ndarray:
-        out = np.empty((idx.shape[0],) + self._item_shape, dtype=self._dtype)
-        if idx.shape[0]:
-            reader.gather_dense(idx, out.reshape(-1).view(np.uint8))
-        return out
+        return reader.gather_dense_array(idx, self._dtype)
 
     def _gather_one(self, reader: Any, i: int) -> Any:
         # Like NumPy indexing (and loaderx 2.0.0): a record of a scalar store

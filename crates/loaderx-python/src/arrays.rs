@@ -1,18 +1,59 @@
 //! NumPy arrays over engine-owned buffers, built without copying.
 //!
-//! An engine `Vec<u8>` becomes a uint8 array (which owns it); typed arrays are
-//! then created as views of that base with the store's dtype and shapes, so
-//! each batch is one allocation however many records it holds.
+//! An engine `Vec<u8>` becomes a [`BatchBuffer`]; typed arrays are created
+//! as views of it with the store's dtype and shapes, so each batch is one
+//! allocation however many records it holds. When the last view is freed,
+//! the buffer goes back to the engine's batch-buffer cache.
 
 use std::ffi::c_void;
+use std::ptr::NonNull;
 
 use loaderx::store::{PackedBatch, RaggedBatch};
 use numpy::npyffi::{self, npy_intp, NpyTypes, NPY_ARRAY_WRITEABLE, PY_ARRAY_API};
-use numpy::{PyArray1, PyArrayDescr, PyArrayDescrMethods, PyArrayMethods, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayDescr, PyArrayDescrMethods, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-/// A writable C-contiguous array of `dtype` and `shape` owning `data`
+/// The memory behind one batch's arrays: an engine buffer held as raw
+/// parts, so NumPy may write through its views without aliasing any Rust
+/// reference. Dropping it (when the last view dies) recycles the buffer.
+#[pyclass(frozen, module = "loaderx._native")]
+pub struct BatchBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    capacity: usize,
+}
+
+// SAFETY: the buffer is plain heap memory owned by this object alone; Rust
+// never reads or writes it after construction except to free it in `Drop`,
+// and NumPy accesses it under the GIL like any other array memory.
+unsafe impl Send for BatchBuffer {}
+// SAFETY: as above; the struct itself is immutable.
+unsafe impl Sync for BatchBuffer {}
+
+impl BatchBuffer {
+    fn wrap<'py>(py: Python<'py>, data: Vec<u8>) -> PyResult<Bound<'py, BatchBuffer>> {
+        let mut data = std::mem::ManuallyDrop::new(data);
+        let buffer = BatchBuffer {
+            // A Vec's pointer is never null (dangling but non-null when empty).
+            ptr: NonNull::new(data.as_mut_ptr()).expect("vec pointers are non-null"),
+            len: data.len(),
+            capacity: data.capacity(),
+        };
+        Bound::new(py, buffer)
+    }
+}
+
+impl Drop for BatchBuffer {
+    fn drop(&mut self) {
+        // SAFETY: the parts come from a Vec<u8> we took apart in `wrap` and
+        // have not used to rebuild one since.
+        let data = unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), self.len, self.capacity) };
+        loaderx::buffers::recycle(data);
+    }
+}
+
+/// A writable C-contiguous array of `dtype` and `shape` over `data`
 /// (which must hold exactly `prod(shape) * itemsize` bytes).
 pub fn dense_array<'py>(
     py: Python<'py>,
@@ -20,7 +61,7 @@ pub fn dense_array<'py>(
     shape: Vec<npy_intp>,
     dtype: &Bound<'py, PyArrayDescr>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let base = PyArray1::<u8>::from_vec(py, data);
+    let base = BatchBuffer::wrap(py, data)?;
     view(py, &base, 0, shape, dtype)
 }
 
@@ -52,7 +93,7 @@ pub fn ragged_list<'py>(
         .map(|i| batch.shape(i).iter().map(|&d| d as npy_intp).collect())
         .collect();
     let offsets: Vec<usize> = (0..n).map(|i| batch.payload_range(i).start).collect();
-    let base = PyArray1::<u8>::from_vec(py, batch.into_data());
+    let base = BatchBuffer::wrap(py, batch.into_data())?;
     let list = PyList::empty(py);
     for (shape, offset) in shapes.into_iter().zip(offsets) {
         list.append(view(py, &base, offset, shape, dtype)?)?;
@@ -61,15 +102,15 @@ pub fn ragged_list<'py>(
 }
 
 /// A view of `base`'s bytes from `offset` as a C-contiguous `dtype` array of `shape`.
-pub fn view<'py>(
+fn view<'py>(
     py: Python<'py>,
-    base: &Bound<'py, PyArray1<u8>>,
+    base: &Bound<'py, BatchBuffer>,
     offset: usize,
     mut shape: Vec<npy_intp>,
     dtype: &Bound<'py, PyArrayDescr>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let bytes = shape.iter().map(|&d| d as usize).product::<usize>() * dtype.itemsize();
-    if offset + bytes > base.len() {
+    if offset + bytes > base.get().len {
         return Err(pyo3::exceptions::PyRuntimeError::new_err(
             "internal error: array view outside its buffer",
         ));
@@ -81,7 +122,7 @@ pub fn view<'py>(
     // PyArray_SetBaseObject steals one reference to the base, so we add one
     // too. Null results are turned into the pending Python exception.
     unsafe {
-        let data = base.data().add(offset) as *mut c_void;
+        let data = base.get().ptr.as_ptr().add(offset) as *mut c_void;
         let descr = dtype.as_dtype_ptr();
         pyo3::ffi::Py_INCREF(descr.cast());
         let array_type = npyffi::get_type_object(py, NpyTypes::PyArray_Type);

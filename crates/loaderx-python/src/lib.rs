@@ -17,11 +17,19 @@ mod store;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(pool_threads, m)?)?;
+    m.add_class::<arrays::BatchBuffer>()?;
+    m.add_function(wrap_pyfunction!(cached_batch_bytes, m)?)?;
     store::register(m)?;
     dict::register(m)?;
     loader::register(m)?;
     sampler::register(m)?;
     Ok(())
+}
+
+/// Bytes held by the engine's cache of large batch buffers.
+#[pyfunction]
+fn cached_batch_bytes() -> usize {
+    loaderx::buffers::cached_bytes()
 }
 
 /// Number of threads in the process-wide worker pool.

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use loaderx::schema::{DType, Kind, Schema};
 use loaderx::store::{CreateOptions, RaggedBatch, RaggedRecord, StoreReader, StoreWriter};
 use loaderx::{Codec, Error};
+use numpy::npyffi::npy_intp;
 use numpy::{
     PyArrayDescr, PyArrayDescrMethods, PyReadonlyArray1, PyReadwriteArray1, PyUntypedArray,
     PyUntypedArrayMethods,
@@ -19,7 +20,7 @@ use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
-use crate::arrays::{packed_tuple, ragged_list};
+use crate::arrays::{dense_array, packed_tuple, ragged_list};
 use crate::errors::IntoPyResult;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -338,6 +339,37 @@ impl ReaderHandle {
         let width = self.width;
         py.detach(|| reader.gather_fixed(&indices, width, out))
             .py(py)
+    }
+
+    /// Gathers Dense records `indices` into a new `(n, *item_shape)` array of
+    /// `dtype`, whose memory comes from (and returns to) the batch-buffer cache.
+    fn gather_dense_array<'py>(
+        &self,
+        py: Python<'py>,
+        indices: PyReadonlyArray1<'_, i64>,
+        dtype: &Bound<'py, PyArrayDescr>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if self.kind != Kind::Dense {
+            return Err(PyRuntimeError::new_err(
+                "gather_dense_array on a Ragged store",
+            ));
+        }
+        let reader = self.reader()?;
+        let indices = to_indices(indices.as_slice()?, self.length)?;
+        let width = self.width;
+        let data = py
+            .detach(|| {
+                let bytes = indices.len() * width;
+                let mut data = loaderx::buffers::take(bytes).ok_or_else(|| {
+                    Error::OutOfMemory(format!("cannot allocate {bytes} bytes for a batch"))
+                })?;
+                reader.gather_fixed(&indices, width, &mut data)?;
+                Ok::<Vec<u8>, Error>(data)
+            })
+            .py(py)?;
+        let mut shape = vec![indices.len() as npy_intp];
+        shape.extend(self.item_shape.iter().flatten().map(|&d| d as npy_intp));
+        dense_array(py, data, shape, dtype)
     }
 
     /// Gathers Ragged records `indices` as a list of arrays of `dtype` that

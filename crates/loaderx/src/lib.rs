@@ -22,6 +22,7 @@
 #[cfg(target_endian = "big")]
 compile_error!("the Zrecord format is little-endian; big-endian hosts are not supported");
 
+pub mod buffers;
 mod codec;
 pub mod dict;
 pub mod error;

@@ -98,7 +98,7 @@ impl Source for StoreReader {
                 let bytes = indices.len().checked_mul(width).ok_or_else(|| {
                     Error::OutOfMemory(format!("{} records of {width} bytes", indices.len()))
                 })?;
-                let mut data = crate::store::zeroed_buffer(bytes).ok_or_else(|| {
+                let mut data = crate::buffers::take(bytes).ok_or_else(|| {
                     Error::OutOfMemory(format!("cannot allocate {bytes} bytes for a batch"))
                 })?;
                 self.gather_fixed(indices, width, &mut data)?;

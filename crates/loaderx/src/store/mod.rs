@@ -45,7 +45,6 @@ use std::path::Path;
 
 pub use batch::{PackedBatch, RaggedBatch};
 pub use geometry::{parse_ragged, RaggedRecord, MAX_NDIM};
-pub(crate) use reader::zeroed_buffer;
 pub use reader::StoreReader;
 pub use writer::{CreateOptions, StoreWriter};
 

@@ -319,7 +319,7 @@ impl StoreReader {
             locs.push(loc);
             total = end;
         }
-        let mut buf = zeroed_buffer(total).ok_or_else(|| {
+        let mut buf = crate::buffers::take(total).ok_or_else(|| {
             Error::OutOfMemory(format!(
                 "cannot allocate {total} bytes for {} records",
                 indices.len()
@@ -331,7 +331,9 @@ impl StoreReader {
         let mut rest: &mut [u8] = &mut buf;
         let mut consumed = 0usize;
         for r in &ranges {
-            let (_, tail) = rest.split_at_mut(r.start - consumed);
+            // Alignment padding: a recycled buffer may hold old bytes there.
+            let (gap, tail) = rest.split_at_mut(r.start - consumed);
+            gap.fill(0);
             let (slot, tail) = tail.split_at_mut(r.len());
             slots.push(slot);
             rest = tail;
@@ -368,26 +370,4 @@ impl StoreReader {
         }
         Ok((buf, ranges))
     }
-}
-
-/// A zero-filled buffer of `len` bytes, or `None` when the allocation fails.
-///
-/// `alloc_zeroed` lets the allocator hand out fresh zero pages without a
-/// memset pass, which a large gather buffer would otherwise pay before the
-/// records are decoded into it; and unlike `vec![0; len]` a failure is an
-/// error rather than an abort.
-pub(crate) fn zeroed_buffer(len: usize) -> Option<Vec<u8>> {
-    if len == 0 {
-        return Some(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<u8>(len).ok()?;
-    // SAFETY: the layout has a non-zero size.
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-    if ptr.is_null() {
-        return None;
-    }
-    // SAFETY: `ptr` comes from the global allocator with the layout of a
-    // `[u8; len]` (alignment 1), all `len` bytes are initialised (zero), and
-    // length and capacity both equal the allocated size.
-    Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }

@@ -1,0 +1,118 @@
+//! A small process-wide cache of large batch buffers.
+//!
+//! Allocations above glibc's mmap threshold (at most 32 MiB) come straight
+//! from the kernel and go back to it when freed, so every large batch pays
+//! a page fault and a page of zeroing per 4 KiB before a single record is
+//! copied in: for a 37 MiB image batch that is about as much work as the
+//! copy itself. Recycling the few buffers a loader cycles through keeps
+//! their pages mapped.
+//!
+//! The cache is bounded ([`MAX_ENTRIES`] buffers, [`MAX_BYTES`] in all) and
+//! only holds buffers of at least [`MIN_BYTES`]; smaller ones are the
+//! allocator's business.
+
+use std::sync::Mutex;
+
+/// Smallest buffer worth caching.
+pub const MIN_BYTES: usize = 1 << 20;
+/// Most buffers kept.
+pub const MAX_ENTRIES: usize = 8;
+/// Most bytes kept.
+pub const MAX_BYTES: usize = 512 << 20;
+
+static CACHE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+
+/// A buffer of exactly `len` initialised bytes, reusing a cached one whose
+/// capacity fits (`len..=2*len`) when there is one. Its contents are
+/// unspecified (zero when new); callers overwrite what they use.
+/// `None` when the allocation fails.
+pub fn take(len: usize) -> Option<Vec<u8>> {
+    if len >= MIN_BYTES {
+        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        let best = cache
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= len && b.capacity() / 2 <= len)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        if let Some(i) = best {
+            let mut buf = cache.swap_remove(i);
+            drop(cache);
+            buf.resize(len, 0);
+            return Some(buf);
+        }
+    }
+    zeroed(len)
+}
+
+/// Returns a buffer for reuse (or frees it when it is small or the cache is full).
+pub fn recycle(buf: Vec<u8>) {
+    if buf.capacity() < MIN_BYTES || buf.capacity() > MAX_BYTES {
+        return;
+    }
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let held: usize = cache.iter().map(Vec::capacity).sum();
+    if cache.len() < MAX_ENTRIES && held + buf.capacity() <= MAX_BYTES {
+        cache.push(buf);
+    }
+}
+
+/// Frees every cached buffer.
+pub fn clear() {
+    CACHE.lock().unwrap_or_else(|p| p.into_inner()).clear();
+}
+
+/// Bytes currently cached.
+pub fn cached_bytes() -> usize {
+    CACHE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(Vec::capacity)
+        .sum()
+}
+
+/// A zero-filled buffer of `len` bytes, or `None` when the allocation fails.
+///
+/// `alloc_zeroed` lets the allocator hand out fresh zero pages without a
+/// memset pass, and unlike `vec![0; len]` a failure is an error rather than
+/// an abort.
+pub(crate) fn zeroed(len: usize) -> Option<Vec<u8>> {
+    if len == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(len).ok()?;
+    // SAFETY: the layout has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of a
+    // `[u8; len]` (alignment 1), all `len` bytes are initialised (zero), and
+    // length and capacity both equal the allocated size.
+    Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reuses_fitting_buffers_only() {
+        // Tests share the process-wide cache; use sizes no other test uses.
+        let a = take(3 * MIN_BYTES + 17).unwrap();
+        assert_eq!(a.len(), 3 * MIN_BYTES + 17);
+        let ptr = a.as_ptr();
+        recycle(a);
+        let b = take(3 * MIN_BYTES).unwrap();
+        assert_eq!((b.as_ptr(), b.len()), (ptr, 3 * MIN_BYTES));
+        recycle(b);
+        // Far smaller requests do not take a huge buffer.
+        let c = take(MIN_BYTES + 5).unwrap();
+        assert_ne!(c.as_ptr(), ptr);
+        assert_eq!(c.len(), MIN_BYTES + 5);
+        let small = take(10).unwrap();
+        assert_eq!(small, vec![0; 10]);
+        recycle(small); // ignored
+    }
+}
