@@ -291,10 +291,14 @@ impl StoreReader {
                 .par_chunks(per_task)
                 .zip(out.par_chunks_mut(per_task * width))
                 .try_for_each_init(
-                    || self.decoder(),
-                    |dec, (idx, dst)| match dec {
-                        Ok(dec) => run(idx, dst, dec),
-                        Err(e) => Err(Error::OutOfMemory(e.to_string())),
+                    || None,
+                    |dec, (idx, dst)| {
+                        // Taken lazily so a failure is reported as itself.
+                        let dec = match dec {
+                            Some(d) => d,
+                            None => dec.insert(self.decoder()?),
+                        };
+                        run(idx, dst, dec)
                     },
                 )
         })
@@ -360,10 +364,13 @@ impl StoreReader {
                 work.into_par_iter()
                     .with_min_len(per_task)
                     .try_for_each_init(
-                        || self.decoder(),
-                        |dec, item| match dec {
-                            Ok(dec) => run(dec, item),
-                            Err(e) => Err(Error::OutOfMemory(e.to_string())),
+                        || None,
+                        |dec, item| {
+                            let dec = match dec {
+                                Some(d) => d,
+                                None => dec.insert(self.decoder()?),
+                            };
+                            run(dec, item)
                         },
                     )
             })?;

@@ -410,9 +410,13 @@ impl StoreWriter {
                     .into_par_iter()
                     .zip(slices.into_par_iter())
                     .try_for_each_init(
-                        || (Encoder::new(codec, dict), Vec::new(), Vec::new()),
+                        || (None, Vec::new(), Vec::new()),
                         |(encoder, block, scratch), (range, out)| -> Result<()> {
-                            let encoder = encoder.as_mut().map_err(|e| clone_error(e))?;
+                            // Made lazily so a failure is reported as itself.
+                            let encoder = match encoder {
+                                Some(e) => e,
+                                None => encoder.insert(Encoder::new(codec, dict)?),
+                            };
                             block.clear();
                             for (slot, i) in out.iter_mut().zip(range) {
                                 let record = source.bytes(i, scratch);
@@ -528,13 +532,4 @@ fn split_by_bytes(
         tasks.push(start..range.end);
     }
     tasks
-}
-
-/// Per-task initialisation errors are shared by reference; each task reports its own copy.
-fn clone_error(e: &Error) -> Error {
-    match e {
-        Error::OutOfMemory(m) => Error::OutOfMemory(m.clone()),
-        Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
-        other => Error::OutOfMemory(other.to_string()),
-    }
 }
