@@ -11,6 +11,7 @@ between threads and processes). The on-disk format is loaderx 2.0.0's.
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import pathlib
@@ -187,9 +188,11 @@ class _Store:
         return self
 
     @classmethod
-    def _reader_of(cls: type[_S], path: PathLike) -> _S:
+    def _reader_of(cls: type[_S], path: PathLike, data_access: str | None) -> _S:
+        if data_access not in (None, "auto", "read", "map"):
+            raise ValueError(f"data_access must be 'auto', 'read' or 'map', got {data_access!r}")
         self = object.__new__(cls)
-        handle = _native.ReaderHandle.open(os.fspath(path), cls._kind)
+        handle = _native.ReaderHandle.open(os.fspath(path), cls._kind, data_access)
         self._path = pathlib.Path(path)
         try:
             self._dtype = _check_dtype(handle.dtype)
@@ -223,6 +226,12 @@ class _Store:
         """Whether ``close()`` has run."""
         handle = self._writer if self._writer is not None else self._reader
         return handle is None or handle.closed
+
+    @property
+    def data_access(self) -> str:
+        """How a reader gets at its records: ``"map"`` (a read-only memory map)
+        or ``"read"`` (positional reads)."""
+        return self._require_reader().data_access
 
     @property
     def writable(self) -> bool:
@@ -268,7 +277,8 @@ class _Store:
         # path and is reopened there; a writer is tied to its process.
         if self._reader is None or self._reader.closed:
             raise TypeError(f"only open readers can be pickled, not {self._describe()}")
-        return (type(self).open, (self._path,))
+        reopen = functools.partial(type(self).open, data_access=self._reader.data_access)
+        return (reopen, (self._path,))
 
     def _describe(self) -> str:
         role = "writer" if self._writer is not None else "reader"
@@ -367,9 +377,16 @@ class Dense(_Store):
         return self
 
     @classmethod
-    def open(cls, path: PathLike) -> Dense:
-        """Opens the committed Dense store at ``path`` read-only."""
-        self = cls._reader_of(path)
+    def open(cls, path: PathLike, *, data_access: str | None = None) -> Dense:
+        """Opens the committed Dense store at ``path`` read-only.
+
+        ``data_access`` picks how records are read: ``"map"`` memory-maps the
+        payload (no system call per record; the pages read count in the
+        process's RSS), ``"read"`` uses positional reads (the page cache serves
+        them), ``"auto"`` maps raw stores of small records and reads the rest.
+        Default: the ``LOADERX_DATA_ACCESS`` environment variable, else auto.
+        """
+        self = cls._reader_of(path, data_access)
         self._item_shape = tuple(int(d) for d in self._reader.item_shape)
         return self
 
@@ -444,9 +461,10 @@ class Ragged(_Store):
         return cls._writer_of(path, dt, None, codec, blob)
 
     @classmethod
-    def open(cls, path: PathLike) -> Ragged:
-        """Opens the committed Ragged store at ``path`` read-only."""
-        return cls._reader_of(path)
+    def open(cls, path: PathLike, *, data_access: str | None = None) -> Ragged:
+        """Opens the committed Ragged store at ``path`` read-only
+        (``data_access`` as for :meth:`Dense.open`)."""
+        return cls._reader_of(path, data_access)
 
     def append(self, records: Iterable[np.ndarray]) -> None:
         """Appends every array of ``records`` (any iterable, consumed once), each

@@ -9,7 +9,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
 use loaderx::schema::{DType, Kind, Schema};
-use loaderx::store::{CreateOptions, RaggedBatch, RaggedRecord, StoreReader, StoreWriter};
+use loaderx::store::{
+    CreateOptions, DataAccess, RaggedBatch, RaggedRecord, StoreReader, StoreWriter,
+};
 use loaderx::{Codec, Error};
 use numpy::npyffi::npy_intp;
 use numpy::{
@@ -232,11 +234,31 @@ pub struct ReaderHandle {
 
 #[pymethods]
 impl ReaderHandle {
-    /// Opens a committed store as `kind` ("dense" or "ragged").
+    /// Opens a committed store as `kind` ("dense" or "ragged"); `data_access`
+    /// is "auto", "read" or "map" (None: `LOADERX_DATA_ACCESS`, else auto).
     #[staticmethod]
-    fn open(py: Python<'_>, path: PathBuf, kind: &str) -> PyResult<Self> {
+    #[pyo3(signature = (path, kind, data_access=None))]
+    fn open(
+        py: Python<'_>,
+        path: PathBuf,
+        kind: &str,
+        data_access: Option<&str>,
+    ) -> PyResult<Self> {
         let kind = parse_kind(kind)?;
-        let reader = py.detach(|| StoreReader::open(&path, kind)).py(py)?;
+        let access = match data_access {
+            None => DataAccess::from_env(),
+            Some("auto") => DataAccess::Auto,
+            Some("read") => DataAccess::Read,
+            Some("map") => DataAccess::Map,
+            Some(other) => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown data_access {other:?}: expected \"auto\", \"read\" or \"map\""
+                )))
+            }
+        };
+        let reader = py
+            .detach(|| StoreReader::open_with(&path, kind, access))
+            .py(py)?;
         let schema = reader.schema().clone();
         let item_shape = match &schema {
             Schema::Dense { item_shape, .. } => Some(item_shape.clone()),
@@ -270,6 +292,15 @@ impl ReaderHandle {
     #[getter]
     fn codec(&self) -> &'static str {
         self.codec.name()
+    }
+
+    /// "map" or "read": how this reader gets at data.zr.
+    #[getter]
+    fn data_access(&self) -> PyResult<&'static str> {
+        Ok(match self.reader()?.data_access() {
+            DataAccess::Map => "map",
+            _ => "read",
+        })
     }
 
     /// Bytes per Dense record (0 for Ragged).

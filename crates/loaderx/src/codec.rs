@@ -61,67 +61,83 @@ impl<'d> Encoder<'d> {
 }
 
 /// Reads frames of one codec into caller memory.
-pub(crate) enum Decoder {
-    Raw,
-    Zstd(Decompressor<'static>),
+pub(crate) struct Decoder {
+    ctx: Option<Decompressor<'static>>,
+    /// Where a frame read from the file waits to be decoded.
+    pub(crate) staging: Vec<u8>,
 }
 
 impl Decoder {
     fn new(codec: Codec, dict: Option<&[u8]>) -> Result<Self> {
         let ctx = match (codec, dict) {
-            (Codec::Raw, _) => return Ok(Decoder::Raw),
-            (Codec::Zstd, _) => Decompressor::new(),
+            (Codec::Raw, _) => None,
+            (Codec::Zstd, _) => Some(Decompressor::new()),
             // The context keeps its own digested copy of the dictionary, so
             // it owns everything it needs and can be pooled freely.
-            (Codec::ZstdDict, Some(d)) => Decompressor::with_dictionary(d),
+            (Codec::ZstdDict, Some(d)) => Some(Decompressor::with_dictionary(d)),
             (Codec::ZstdDict, None) => {
                 return Err(Error::InvalidFormat(
                     "a zstd_dict store has no dictionary".into(),
                 ))
             }
         }
+        .transpose()
         .map_err(|e| match codec {
             Codec::ZstdDict => {
                 Error::InvalidFormat(format!("dict.zr is not a usable zstd dictionary: {e}"))
             }
             _ => Error::OutOfMemory(format!("creating a zstd decompression context: {e}")),
         })?;
-        Ok(Decoder::Zstd(ctx))
+        Ok(Decoder {
+            ctx,
+            staging: Vec::new(),
+        })
     }
 
     /// Decodes record `index`'s frame straight into `dst`, which must end up
     /// exactly full.
     #[inline]
     pub(crate) fn decode_into(&mut self, index: u64, frame: &[u8], dst: &mut [u8]) -> Result<()> {
-        match self {
-            Decoder::Raw => {
-                if frame.len() != dst.len() {
-                    return Err(Error::Corrupt(format!(
-                        "record {index}: stored {} bytes, expected {}",
-                        frame.len(),
-                        dst.len()
-                    )));
-                }
-                dst.copy_from_slice(frame);
-                Ok(())
-            }
-            Decoder::Zstd(ctx) => {
-                let n = ctx.decompress_to_buffer(frame, dst).map_err(|e| {
-                    Error::Corrupt(format!(
-                        "record {index}: zstd frame does not decode to {} bytes: {e}",
-                        dst.len()
-                    ))
-                })?;
-                if n != dst.len() {
-                    return Err(Error::Corrupt(format!(
-                        "record {index}: zstd frame decodes to {n} bytes, expected {}",
-                        dst.len()
-                    )));
-                }
-                Ok(())
-            }
-        }
+        decode(self.ctx.as_mut(), index, frame, dst)
     }
+
+    /// Decodes the frame waiting in `staging` into `dst`.
+    #[inline]
+    pub(crate) fn decode_staged(&mut self, index: u64, dst: &mut [u8]) -> Result<()> {
+        decode(self.ctx.as_mut(), index, &self.staging, dst)
+    }
+}
+
+fn decode(
+    ctx: Option<&mut Decompressor<'static>>,
+    index: u64,
+    frame: &[u8],
+    dst: &mut [u8],
+) -> Result<()> {
+    let Some(ctx) = ctx else {
+        if frame.len() != dst.len() {
+            return Err(Error::Corrupt(format!(
+                "record {index}: stored {} bytes, expected {}",
+                frame.len(),
+                dst.len()
+            )));
+        }
+        dst.copy_from_slice(frame);
+        return Ok(());
+    };
+    let n = ctx.decompress_to_buffer(frame, dst).map_err(|e| {
+        Error::Corrupt(format!(
+            "record {index}: zstd frame does not decode to {} bytes: {e}",
+            dst.len()
+        ))
+    })?;
+    if n != dst.len() {
+        return Err(Error::Corrupt(format!(
+            "record {index}: zstd frame decodes to {n} bytes, expected {}",
+            dst.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Decoder contexts of one store, kept for reuse.

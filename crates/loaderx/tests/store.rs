@@ -385,3 +385,65 @@ fn loaderx_2_fixtures_read_back() {
         }
     }
 }
+
+#[test]
+fn both_data_access_modes_read_the_same_records() {
+    use loaderx::store::DataAccess;
+    let dir = tempfile::tempdir().unwrap();
+    let records: Vec<Vec<u8>> = (0..200).map(dense_record).collect();
+    for codec in [Codec::Raw, Codec::Zstd] {
+        let path = dir.path().join(codec.name());
+        let mut w =
+            DenseWriter::create(&path, DType::parse("<u4").unwrap(), &[3, 5], codec, None).unwrap();
+        w.append(&records.concat()).unwrap();
+        w.close().unwrap();
+        let auto = StoreReader::open_with(&path, Kind::Dense, DataAccess::Auto).unwrap();
+        // Small raw records are mapped; compressed ones are read.
+        let expected = if codec == Codec::Raw {
+            DataAccess::Map
+        } else {
+            DataAccess::Read
+        };
+        assert_eq!(auto.data_access(), expected);
+        let idx: Vec<u64> = (0..500u64).map(|k| (k * 37) % 200).collect();
+        let mut outs = Vec::new();
+        for access in [DataAccess::Map, DataAccess::Read] {
+            let r = StoreReader::open_with(&path, Kind::Dense, access).unwrap();
+            assert_eq!(r.data_access(), access);
+            let mut out = vec![0u8; idx.len() * 60];
+            r.gather_fixed(&idx, 60, &mut out).unwrap();
+            outs.push(out);
+        }
+        assert_eq!(outs[0], outs[1]);
+        assert_eq!(&outs[0][60..120], &records[37][..]);
+    }
+}
+
+#[test]
+fn a_file_shortened_under_a_reading_handle_is_an_error() {
+    use loaderx::store::DataAccess;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d");
+    let mut w = DenseWriter::create(
+        &path,
+        DType::parse("|u1").unwrap(),
+        &[4096],
+        Codec::Raw,
+        None,
+    )
+    .unwrap();
+    w.append(&vec![9u8; 4096 * 8]).unwrap();
+    w.close().unwrap();
+    let r = StoreReader::open_with(&path, Kind::Dense, DataAccess::Read).unwrap();
+    // A non-cooperating process truncates the payload behind the lock.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path.join("data.zr"))
+        .unwrap()
+        .set_len(4096 * 2)
+        .unwrap();
+    let mut out = vec![0u8; 4096];
+    r.gather_fixed(&[1], 4096, &mut out).unwrap();
+    let err = r.gather_fixed(&[5], 4096, &mut out).unwrap_err();
+    assert_eq!(err.code(), Some(-2), "{err}");
+}

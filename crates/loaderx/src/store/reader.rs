@@ -13,7 +13,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use crate::codec::{DecoderPool, PooledDecoder};
+use crate::codec::{Decoder, DecoderPool, PooledDecoder};
 use crate::error::{Error, Result};
 use crate::format::{
     Codec, Header, RecordLoc, DATA_FILE, DICT_FILE, HEADER_SIZE, LOC_SIZE, META_FILE, PAGE_SIZE,
@@ -30,6 +30,60 @@ const INLINE_BYTES: usize = 256 << 10;
 /// Alignment of each record's slot in a Ragged gather buffer.
 const SLOT_ALIGN: usize = 16;
 
+/// How a reader gets at `data.zr`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DataAccess {
+    /// [`Map`](Self::Map) for raw stores of small records (at most
+    /// [`MAP_RECORD_BYTES`] on average), where a system call per record would
+    /// cost more than the copy; [`Read`](Self::Read) otherwise.
+    #[default]
+    Auto,
+    /// Positional reads (`pread`) straight into the destination (raw) or a
+    /// per-task staging buffer (compressed). The page cache serves them, so
+    /// the records read never count in the process's own resident memory,
+    /// and a file shortened behind the reader's back is an I/O error rather
+    /// than a fault.
+    Read,
+    /// A read-only memory map: no system call per record, at the price of
+    /// every page read counting in the process's resident memory (RSS/PSS).
+    Map,
+}
+
+/// Mean record size up to which [`DataAccess::Auto`] maps raw stores.
+pub const MAP_RECORD_BYTES: u64 = 64 << 10;
+
+impl DataAccess {
+    /// The access named by `LOADERX_DATA_ACCESS` (`auto`, `read` or `map`),
+    /// else [`DataAccess::Auto`].
+    pub fn from_env() -> DataAccess {
+        match std::env::var("LOADERX_DATA_ACCESS").as_deref() {
+            Ok("map") | Ok("mmap") => DataAccess::Map,
+            Ok("read") | Ok("pread") => DataAccess::Read,
+            _ => DataAccess::Auto,
+        }
+    }
+
+    fn resolve(self, header: &Header) -> DataAccess {
+        match self {
+            DataAccess::Auto => {
+                let mean = header.tail_offset / header.length.max(1);
+                if header.codec == Codec::Raw && mean <= MAP_RECORD_BYTES {
+                    DataAccess::Map
+                } else {
+                    DataAccess::Read
+                }
+            }
+            chosen => chosen,
+        }
+    }
+}
+
+enum Payload {
+    Empty,
+    Mapped(Mmap),
+    File(File),
+}
+
 /// An open, read-only store of either kind.
 pub struct StoreReader {
     dir: PathBuf,
@@ -38,7 +92,7 @@ pub struct StoreReader {
     // Holds the shared lock for the reader's lifetime.
     _meta_file: File,
     meta: Option<Mmap>,
-    data: Option<Mmap>,
+    data: Payload,
     dict: Option<Vec<u8>>,
     decoders: DecoderPool,
 }
@@ -70,9 +124,46 @@ fn map_file(file: &File, path: &Path) -> Result<Option<Mmap>> {
     Ok(Some(map))
 }
 
+/// Largest `dict.zr` a reader accepts. zstd dictionaries are kilobytes to a
+/// few megabytes (loaderx's largest tier is 1 MiB); refusing anything huge
+/// keeps a stray or hostile file from costing its size in memory.
+pub const MAX_DICT_BYTES: u64 = 64 << 20;
+
+/// Reads `dict.zr` when, and only when, the codec needs one, checking that
+/// it is present exactly for zstd_dict stores.
+fn read_dict(path: &Path, codec: Codec) -> Result<Option<Vec<u8>>> {
+    let size = match std::fs::metadata(path) {
+        Ok(m) => Some(m.len()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Error::io(format!("inspecting {}", path.display()), e)),
+    };
+    match (codec, size) {
+        (Codec::ZstdDict, Some(n)) if (1..=MAX_DICT_BYTES).contains(&n) => std::fs::read(path)
+            .map(Some)
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e)),
+        (Codec::ZstdDict, Some(n)) if n > MAX_DICT_BYTES => Err(Error::InvalidFormat(format!(
+            "{DICT_FILE} is {n} bytes, larger than any zstd dictionary ({MAX_DICT_BYTES} bytes at most)"
+        ))),
+        (Codec::ZstdDict, _) => Err(Error::InvalidFormat(format!(
+            "a zstd_dict store needs a non-empty {DICT_FILE}"
+        ))),
+        (_, Some(_)) => Err(Error::InvalidFormat(format!(
+            "a {} store must not have a {DICT_FILE}",
+            codec.name()
+        ))),
+        (_, None) => Ok(None),
+    }
+}
+
 impl StoreReader {
-    /// Opens the committed store at `dir` as `kind`.
+    /// Opens the committed store at `dir` as `kind`, reading `data.zr` as
+    /// [`DataAccess::from_env`] says.
     pub fn open(dir: impl AsRef<Path>, kind: Kind) -> Result<Self> {
+        Self::open_with(dir, kind, DataAccess::from_env())
+    }
+
+    /// Opens the committed store at `dir` as `kind`, reading `data.zr` with `access`.
+    pub fn open_with(dir: impl AsRef<Path>, kind: Kind, access: DataAccess) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
         let meta_path = dir.join(META_FILE);
         let meta_file = File::open(&meta_path).map_err(|e| match e.kind() {
@@ -133,27 +224,7 @@ impl StoreReader {
             )));
         }
 
-        let dict_path = dir.join(DICT_FILE);
-        let dict = match std::fs::read(&dict_path) {
-            Ok(bytes) => Some(bytes),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(Error::io(format!("reading {}", dict_path.display()), e)),
-        };
-        match (header.codec, &dict) {
-            (Codec::ZstdDict, Some(d)) if !d.is_empty() => {}
-            (Codec::ZstdDict, _) => {
-                return Err(Error::InvalidFormat(format!(
-                    "a zstd_dict store needs a non-empty {DICT_FILE}"
-                )))
-            }
-            (_, Some(_)) => {
-                return Err(Error::InvalidFormat(format!(
-                    "a {} store must not have a {DICT_FILE}",
-                    header.codec.name()
-                )))
-            }
-            (_, None) => {}
-        }
+        let dict = read_dict(&dir.join(DICT_FILE), header.codec)?;
         let decoders = DecoderPool::new(header.codec, dict.as_deref())?;
 
         let meta = if header.length > 0 {
@@ -161,10 +232,13 @@ impl StoreReader {
         } else {
             None
         };
-        let data = if header.tail_offset > 0 {
-            map_file(&data_file, &data_path)?
-        } else {
-            None
+        let data = match (header.tail_offset, access.resolve(&header)) {
+            (0, _) => Payload::Empty,
+            (_, DataAccess::Map) => match map_file(&data_file, &data_path)? {
+                Some(map) => Payload::Mapped(map),
+                None => Payload::Empty,
+            },
+            (_, _) => Payload::File(data_file),
         };
         Ok(StoreReader {
             dir,
@@ -181,6 +255,14 @@ impl StoreReader {
     /// The store directory.
     pub fn path(&self) -> &Path {
         &self.dir
+    }
+
+    /// How this reader reads `data.zr` ([`DataAccess::Map`] or [`DataAccess::Read`]).
+    pub fn data_access(&self) -> DataAccess {
+        match self.data {
+            Payload::Mapped(_) => DataAccess::Map,
+            _ => DataAccess::Read,
+        }
     }
 
     /// The stored schema.
@@ -229,12 +311,42 @@ impl StoreReader {
         Ok(loc)
     }
 
-    /// The stored bytes of a validated entry.
+    /// Decodes the record of a validated entry into `dst` (exactly its
+    /// logical size).
     #[inline]
-    fn frame(&self, loc: &RecordLoc) -> &[u8] {
-        let data = self.data.as_deref().expect("mapped when tail_offset > 0");
-        let start = loc.offset as usize;
-        &data[start..start + loc.phys_length as usize]
+    fn read_record(
+        &self,
+        index: u64,
+        loc: &RecordLoc,
+        dst: &mut [u8],
+        dec: &mut Decoder,
+    ) -> Result<()> {
+        let start = loc.offset;
+        let len = loc.phys_length as usize;
+        match &self.data {
+            Payload::Mapped(map) => {
+                let start = start as usize;
+                dec.decode_into(index, &map[start..start + len], dst)
+            }
+            Payload::File(file) => {
+                let read = |buf: &mut [u8]| {
+                    io::read_exact_at(file, buf, start).map_err(|e| {
+                        Error::io(format!("reading record {index} from {DATA_FILE}"), e)
+                    })
+                };
+                if self.header.codec == Codec::Raw && len == dst.len() {
+                    // Raw records land in place: one read, no copy.
+                    read(dst)
+                } else {
+                    dec.staging.resize(len, 0);
+                    read(&mut dec.staging)?;
+                    dec.decode_staged(index, dst)
+                }
+            }
+            Payload::Empty => Err(Error::InvalidFormat(format!(
+                "record {index}: the store has no payload"
+            ))),
+        }
     }
 
     fn decoder(&self) -> Result<PooledDecoder<'_>> {
@@ -278,7 +390,7 @@ impl StoreReader {
                         loc.logic_length
                     )));
                 }
-                dec.decode_into(i, self.frame(&loc), slot)?;
+                self.read_record(i, &loc, slot, dec)?;
             }
             Ok(())
         };
@@ -351,7 +463,7 @@ impl StoreReader {
             .map(|((i, l), s)| (i, l, s))
             .collect();
         let run = |dec: &mut PooledDecoder<'_>, (i, loc, slot): (u64, &RecordLoc, &mut [u8])| {
-            dec.decode_into(i, self.frame(loc), slot)
+            self.read_record(i, loc, slot, dec)
         };
         if total <= INLINE_BYTES || work.len() == 1 {
             let mut dec = self.decoder()?;
