@@ -9,14 +9,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
 use loaderx::schema::{DType, Kind, Schema};
-use loaderx::store::{
-    CreateOptions, DataAccess, RaggedBatch, RaggedRecord, StoreReader, StoreWriter,
-};
+use loaderx::store::{CreateOptions, DataAccess, RaggedRecord, StoreReader, StoreWriter};
 use loaderx::{Codec, Error};
 use numpy::npyffi::npy_intp;
 use numpy::{
-    PyArrayDescr, PyArrayDescrMethods, PyReadonlyArray1, PyReadwriteArray1, PyUntypedArray,
-    PyUntypedArrayMethods,
+    PyArrayDescr, PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -223,7 +220,6 @@ impl WriterHandle {
 #[pyclass(frozen, module = "loaderx._native")]
 pub struct ReaderHandle {
     inner: RwLock<Option<Arc<StoreReader>>>,
-    kind: Kind,
     dtype: String,
     item_shape: Option<Vec<u64>>,
     width: usize,
@@ -265,7 +261,6 @@ impl ReaderHandle {
             Schema::Ragged { .. } => None,
         };
         Ok(ReaderHandle {
-            kind,
             dtype: schema.dtype().descr().to_owned(),
             item_shape,
             width: schema.record_width().unwrap_or(0) as usize,
@@ -353,25 +348,6 @@ impl ReaderHandle {
         .py(py)
     }
 
-    /// Gathers Dense records `indices` into `out`, a uint8 view of a
-    /// C-contiguous array of exactly `len(indices) * record_width` bytes.
-    fn gather_dense(
-        &self,
-        py: Python<'_>,
-        indices: PyReadonlyArray1<'_, i64>,
-        mut out: PyReadwriteArray1<'_, u8>,
-    ) -> PyResult<()> {
-        if self.kind != Kind::Dense {
-            return Err(PyRuntimeError::new_err("gather_dense on a Ragged store"));
-        }
-        let reader = self.reader()?;
-        let indices = to_indices(indices.as_slice()?, self.length)?;
-        let out = out.as_slice_mut()?;
-        let width = self.width;
-        py.detach(|| reader.gather_fixed(&indices, width, out))
-            .py(py)
-    }
-
     /// Gathers Dense records `indices` into a new `(n, *item_shape)` array of
     /// `dtype`, whose memory comes from (and returns to) the batch-buffer cache.
     fn gather_dense_array<'py>(
@@ -380,24 +356,9 @@ impl ReaderHandle {
         indices: PyReadonlyArray1<'_, i64>,
         dtype: &Bound<'py, PyArrayDescr>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        if self.kind != Kind::Dense {
-            return Err(PyRuntimeError::new_err(
-                "gather_dense_array on a Ragged store",
-            ));
-        }
         let reader = self.reader()?;
         let indices = to_indices(indices.as_slice()?, self.length)?;
-        let width = self.width;
-        let data = py
-            .detach(|| {
-                let bytes = indices.len() * width;
-                let mut data = loaderx::buffers::take(bytes).ok_or_else(|| {
-                    Error::OutOfMemory(format!("cannot allocate {bytes} bytes for a batch"))
-                })?;
-                reader.gather_fixed(&indices, width, &mut data)?;
-                Ok::<Vec<u8>, Error>(data)
-            })
-            .py(py)?;
+        let data = py.detach(|| reader.gather_dense(&indices)).py(py)?;
         let mut shape = vec![indices.len() as npy_intp];
         shape.extend(self.item_shape.iter().flatten().map(|&d| d as npy_intp));
         dense_array(py, data, shape, dtype)
@@ -411,18 +372,9 @@ impl ReaderHandle {
         indices: PyReadonlyArray1<'_, i64>,
         dtype: &Bound<'py, PyArrayDescr>,
     ) -> PyResult<Bound<'py, PyList>> {
-        if self.kind != Kind::Ragged {
-            return Err(PyRuntimeError::new_err("gather_ragged on a Dense store"));
-        }
         let reader = self.reader()?;
         let indices = to_indices(indices.as_slice()?, self.length)?;
-        let itemsize = dtype.itemsize() as u64;
-        let batch = py
-            .detach(|| {
-                let (data, ranges) = reader.gather_var(&indices)?;
-                RaggedBatch::from_gather(data, ranges, &indices, itemsize)
-            })
-            .py(py)?;
+        let batch = py.detach(|| reader.gather_ragged(&indices)).py(py)?;
         ragged_list(py, batch, dtype)
     }
 
@@ -434,17 +386,10 @@ impl ReaderHandle {
         indices: PyReadonlyArray1<'_, i64>,
         dtype: &Bound<'py, PyArrayDescr>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        if self.kind != Kind::Ragged {
-            return Err(PyRuntimeError::new_err("gather_packed on a Dense store"));
-        }
         let reader = self.reader()?;
         let indices = to_indices(indices.as_slice()?, self.length)?;
-        let itemsize = dtype.itemsize() as u64;
         let packed = py
-            .detach(|| {
-                let (data, ranges) = reader.gather_var(&indices)?;
-                RaggedBatch::from_gather(data, ranges, &indices, itemsize)?.into_packed()
-            })
+            .detach(|| reader.gather_ragged(&indices)?.into_packed())
             .py(py)?;
         packed_tuple(py, packed, dtype)
     }

@@ -48,7 +48,6 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::sampler::{Mode, Sampler};
-use crate::schema::Schema;
 use crate::store::{DenseReader, PackedBatch, RaggedBatch, RaggedReader, StoreReader};
 
 /// The Dense part of a batch: `rows` records of `width` bytes, back to back.
@@ -92,27 +91,13 @@ impl Source for StoreReader {
 
     /// Dense stores give [`Column::Dense`], Ragged stores [`Column::Ragged`].
     fn gather(&self, indices: &[u64]) -> Result<Column> {
-        match self.schema() {
-            Schema::Dense { .. } => {
-                let width = self.schema().record_width().expect("dense") as usize;
-                let bytes = indices.len().checked_mul(width).ok_or_else(|| {
-                    Error::OutOfMemory(format!("{} records of {width} bytes", indices.len()))
-                })?;
-                let mut data = crate::buffers::take(bytes).ok_or_else(|| {
-                    Error::OutOfMemory(format!("cannot allocate {bytes} bytes for a batch"))
-                })?;
-                self.gather_fixed(indices, width, &mut data)?;
-                Ok(Column::Dense(DenseBatch {
-                    data,
-                    rows: indices.len(),
-                    width,
-                }))
-            }
-            Schema::Ragged { dtype } => {
-                let (data, ranges) = self.gather_var(indices)?;
-                RaggedBatch::from_gather(data, ranges, indices, dtype.itemsize())
-                    .map(Column::Ragged)
-            }
+        match self.schema().record_width() {
+            Some(width) => Ok(Column::Dense(DenseBatch {
+                data: self.gather_dense(indices)?,
+                rows: indices.len(),
+                width: width as usize,
+            })),
+            None => self.gather_ragged(indices).map(Column::Ragged),
         }
     }
 }

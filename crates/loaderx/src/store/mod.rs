@@ -214,13 +214,7 @@ impl RaggedReader {
 
     /// Decodes records `indices` into one shared buffer, with their shapes.
     pub fn gather(&self, indices: &[u64]) -> Result<RaggedBatch> {
-        let (data, ranges) = self.inner.gather_var(indices)?;
-        RaggedBatch::from_gather(
-            data,
-            ranges,
-            indices,
-            self.inner.schema().dtype().itemsize(),
-        )
+        self.inner.gather_ragged(indices)
     }
 
     /// Decodes records `indices` packed back to back (see [`PackedBatch`]);

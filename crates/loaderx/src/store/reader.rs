@@ -21,6 +21,7 @@ use crate::format::{
 use crate::io::{self, LockMode};
 use crate::pool;
 use crate::schema::{Kind, Schema};
+use crate::store::RaggedBatch;
 use memmap2::Mmap;
 use rayon::prelude::*;
 
@@ -488,5 +489,34 @@ impl StoreReader {
             })?;
         }
         Ok((buf, ranges))
+    }
+
+    /// Gathers the records of a Dense store into a new buffer (taken from
+    /// the [batch-buffer cache](crate::buffers)), `record width` bytes each.
+    pub fn gather_dense(&self, indices: &[u64]) -> Result<Vec<u8>> {
+        let width = match self.schema.record_width() {
+            Some(w) => w as usize,
+            None => return Err(Error::State("gather_dense on a Ragged store".into())),
+        };
+        let bytes = indices.len().checked_mul(width).ok_or_else(|| {
+            Error::OutOfMemory(format!("{} records of {width} bytes", indices.len()))
+        })?;
+        let mut data = crate::buffers::take(bytes).ok_or_else(|| {
+            Error::OutOfMemory(format!("cannot allocate {bytes} bytes for a batch"))
+        })?;
+        self.gather_fixed(indices, width, &mut data)?;
+        Ok(data)
+    }
+
+    /// Gathers the records of a Ragged store, with their shapes checked.
+    pub fn gather_ragged(&self, indices: &[u64]) -> Result<RaggedBatch> {
+        let itemsize = match &self.schema {
+            Schema::Ragged { dtype } => dtype.itemsize(),
+            Schema::Dense { .. } => {
+                return Err(Error::State("gather_ragged on a Dense store".into()))
+            }
+        };
+        let (data, ranges) = self.gather_var(indices)?;
+        RaggedBatch::from_gather(data, ranges, indices, itemsize)
     }
 }
