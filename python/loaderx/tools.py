@@ -550,17 +550,7 @@ def _convert_npz(
         members = {m[:-4]: m for m in zf.namelist() if m.endswith(".npy")}
         if not members:
             raise ConvertError(f"{p} holds no arrays")
-        if key is not None:
-            if key not in members:
-                raise ConvertError(f"{p} has no array {key!r}; it has: {', '.join(members)}")
-            names = [key]
-        elif columns is not None:
-            missing = [c for c in columns if c not in members]
-            if missing:
-                raise ConvertError(f"{p} has no array {missing[0]!r}; it has: {', '.join(members)}")
-            names = columns
-        else:
-            names = list(members)
+        names = _select(list(members), key, columns, f"{p} has no array")
         arrays = {}
         for name in names:
             m = _NpzMember(p, zf, members[name])
@@ -902,6 +892,18 @@ def _column(batch: Any, name: str) -> Any:
     return batch.column(batch.schema.get_field_index(name))
 
 
+def _select(available: list[str], key: str | None, columns: list[str] | None, missing: str) -> list[str]:
+    """The names to convert: ``key`` alone, else ``columns``, else all of
+    ``available``; a name not available is an error starting with ``missing``."""
+    wanted = [key] if key is not None else columns
+    if wanted is None:
+        return list(available)
+    for name in wanted:
+        if name not in available:
+            raise ConvertError(f"{missing} {name!r}; it has: {', '.join(available)}")
+    return list(wanted)
+
+
 def _convert_tabular(
     source: Any, dst: pathlib.Path, codec: str, tier: str, key: str | None,
     columns: list[str] | None, chunk_records: int | None, progress: ProgressArg, what: str,
@@ -909,17 +911,7 @@ def _convert_tabular(
     names_all = list(source.schema.names)
     if len(set(names_all)) != len(names_all):
         raise ConvertError(f"{what} has duplicate column names: {names_all}")
-    if key is not None:
-        if key not in names_all:
-            raise ConvertError(f"{what} has no column {key!r}; it has: {', '.join(names_all)}")
-        names = [key]
-    elif columns is not None:
-        missing = [c for c in columns if c not in names_all]
-        if missing:
-            raise ConvertError(f"{what} has no column {missing[0]!r}; it has: {', '.join(names_all)}")
-        names = columns
-    else:
-        names = names_all
+    names = _select(names_all, key, columns, f"{what} has no column")
     if not names:
         raise ConvertError(f"{what} has no columns")
     plans = {}
