@@ -3,10 +3,17 @@
 //! One pool keeps the process from oversubscribing its cores when several
 //! stores and loaders work at once. It is a dedicated rayon pool rather than
 //! rayon's global one, so an application's own use of rayon is untouched.
+//!
+//! A forked child inherits the pool's bookkeeping but none of its threads
+//! (the common case: a store used as a map-style dataset by a forking data
+//! loader). The pool therefore remembers the process that started it, and a
+//! child starts its own on first use instead of waiting forever on threads
+//! that do not exist.
 
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
-static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+/// The pool and the process it belongs to.
+static POOL: Mutex<Option<(u32, &'static rayon::ThreadPool)>> = Mutex::new(None);
 
 /// Environment variable that overrides the pool size.
 pub const THREADS_ENV: &str = "LOADERX_NUM_THREADS";
@@ -28,20 +35,30 @@ pub fn threads() -> usize {
     pool().current_num_threads()
 }
 
-/// The shared pool, started on first use.
+/// The shared pool of this process, started on first use.
 pub fn pool() -> &'static rayon::ThreadPool {
-    POOL.get_or_init(|| {
-        let n = std::env::var(THREADS_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or_else(default_threads);
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .thread_name(|i| format!("loaderx-{i}"))
-            .build()
-            .expect("failed to start the loaderx worker pool")
-    })
+    let pid = std::process::id();
+    let mut slot = POOL.lock().unwrap_or_else(|p| p.into_inner());
+    match *slot {
+        Some((owner, pool)) if owner == pid => pool,
+        _ => {
+            let n = std::env::var(THREADS_ENV)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .filter(|&n| n > 0)
+                .unwrap_or_else(default_threads);
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .thread_name(|i| format!("loaderx-{i}"))
+                .build()
+                .expect("failed to start the loaderx worker pool");
+            // Lives for the rest of the process; after a fork the parent's
+            // pool is left behind (its threads exist only in the parent).
+            let pool: &'static rayon::ThreadPool = Box::leak(Box::new(pool));
+            *slot = Some((pid, pool));
+            pool
+        }
+    }
 }
 
 /// Splits `n` items into contiguous tasks for the pool: about four tasks per
