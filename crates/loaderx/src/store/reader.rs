@@ -1,13 +1,14 @@
 //! The read-only store handle and its batched gathers.
 //!
 //! `open` validates everything that can be checked without touching every
-//! record (header, schema, file sizes, dictionary presence) and maps
-//! `meta.zr` and `data.zr` read-only. A gather then costs no system call per
-//! record: each table entry is read from the map, checked against the
-//! committed tail, and its frame decoded straight into the destination.
+//! record (header, schema, file sizes, dictionary presence) and maps the
+//! record table (`meta.zr`) read-only, so a gather reads its table entries
+//! without a system call each. Each entry is checked against the committed
+//! tail, then its frame is read from `data.zr` (mapped, or by positional
+//! read: see [`DataAccess`]) and decoded straight into the destination.
 //!
 //! The shared lock held for the reader's whole life keeps cooperating
-//! writers (ours and loaderx 2.0.0's) away, so the mapped files do not change
+//! writers (ours and loaderx 2.0.0's) away, so the files do not change
 //! underneath it. Readers are `Sync`: any number of threads may gather at once.
 
 use std::fs::File;
