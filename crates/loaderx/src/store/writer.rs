@@ -15,6 +15,7 @@ use std::fs::{File, OpenOptions};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use rayon::prelude::*;
 use zstd::dict::EncoderDictionary;
@@ -32,8 +33,11 @@ use crate::store::geometry::RaggedRecord;
 /// Input bytes compressed per window of an append, bounding the memory the
 /// compressed frames of one window can take.
 const WINDOW_BYTES: usize = 64 << 20;
-/// Target input bytes per compression task.
+/// Most input bytes per compression task.
 const TASK_BYTES: usize = 1 << 20;
+/// Fewest input bytes per compression task (below this, a task costs more
+/// to schedule than to run).
+const MIN_TASK_BYTES: usize = 32 << 10;
 /// Staging size for raw Ragged appends (shape prefixes interleave with payloads).
 const STAGING_BYTES: usize = 8 << 20;
 
@@ -388,6 +392,11 @@ impl StoreWriter {
         let codec = self.codec;
         let dict = self.dict.as_ref();
         let data = &self.data;
+        // One encoder (and scratch) per pool thread for the whole append:
+        // compression contexts are costly to set up, tasks are many.
+        let slots: Vec<Mutex<TaskState<'_>>> = (0..pool::threads())
+            .map(|_| Mutex::new(TaskState::default()))
+            .collect();
         let mut start = 0usize;
         while start < n {
             // One window: records up to WINDOW_BYTES of input.
@@ -397,7 +406,9 @@ impl StoreWriter {
                 window_bytes += source.len_of(end);
                 end += 1;
             }
-            let tasks = split_by_bytes(source, start..end, TASK_BYTES);
+            // About four tasks per thread, so a small append still uses every core.
+            let target = (window_bytes / (pool::threads() * 4)).clamp(MIN_TASK_BYTES, TASK_BYTES);
+            let tasks = split_by_bytes(source, start..end, target);
             let mut slices = Vec::with_capacity(tasks.len());
             let mut rest = &mut locs[start..end];
             for t in &tasks {
@@ -409,48 +420,53 @@ impl StoreWriter {
                 tasks
                     .into_par_iter()
                     .zip(slices.into_par_iter())
-                    .try_for_each_init(
-                        || (None, Vec::new(), Vec::new()),
-                        |(encoder, block, scratch), (range, out)| -> Result<()> {
-                            // Made lazily so a failure is reported as itself.
-                            let encoder = match encoder {
-                                Some(e) => e,
-                                None => encoder.insert(Encoder::new(codec, dict)?),
-                            };
-                            block.clear();
-                            for (slot, i) in out.iter_mut().zip(range) {
-                                let record = source.bytes(i, scratch);
-                                let before = block.len();
-                                let phys = encoder.encode_into(record, block)?;
-                                if phys as u64 > u32::MAX as u64 {
-                                    return Err(Error::RecordTooLarge(format!(
-                                        "record {i}: a {phys}-byte frame does not fit the table"
-                                    )));
-                                }
-                                slot.offset = before as u64;
-                                slot.phys_length = phys as u32;
-                                slot.logic_length = record.len() as u32;
+                    .try_for_each(|(range, out)| -> Result<()> {
+                        let slot = rayon::current_thread_index().unwrap_or(0) % slots.len();
+                        let mut state = slots[slot].lock().unwrap_or_else(|p| p.into_inner());
+                        let TaskState {
+                            encoder,
+                            block,
+                            scratch,
+                        } = &mut *state;
+                        // Made lazily so a failure is reported as itself.
+                        let encoder = match encoder {
+                            Some(e) => e,
+                            None => encoder.insert(Encoder::new(codec, dict)?),
+                        };
+                        block.clear();
+                        for (slot, i) in out.iter_mut().zip(range) {
+                            let record = source.bytes(i, scratch);
+                            let before = block.len();
+                            let phys = encoder.encode_into(record, block)?;
+                            if phys as u64 > u32::MAX as u64 {
+                                return Err(Error::RecordTooLarge(format!(
+                                    "record {i}: a {phys}-byte frame does not fit the table"
+                                )));
                             }
-                            let at = frontier.fetch_add(block.len() as u64, Ordering::Relaxed);
-                            if at
-                                .checked_add(block.len() as u64)
-                                .is_none_or(|e| e > i64::MAX as u64)
-                            {
-                                return Err(Error::StoreFull(
-                                    "data.zr would pass the largest file offset".into(),
-                                ));
-                            }
-                            io::write_all_at(data, block, at)
-                                .map_err(|e| Error::io(format!("writing {DATA_FILE}"), e))?;
-                            for slot in out.iter_mut() {
-                                slot.offset += at;
-                            }
-                            Ok(())
-                        },
-                    )
+                            slot.offset = before as u64;
+                            slot.phys_length = phys as u32;
+                            slot.logic_length = record.len() as u32;
+                        }
+                        let at = frontier.fetch_add(block.len() as u64, Ordering::Relaxed);
+                        if at
+                            .checked_add(block.len() as u64)
+                            .is_none_or(|e| e > i64::MAX as u64)
+                        {
+                            return Err(Error::StoreFull(
+                                "data.zr would pass the largest file offset".into(),
+                            ));
+                        }
+                        io::write_all_at(data, block, at)
+                            .map_err(|e| Error::io(format!("writing {DATA_FILE}"), e))?;
+                        for slot in out.iter_mut() {
+                            slot.offset += at;
+                        }
+                        Ok(())
+                    })
             })?;
             start = end;
         }
+        drop(slots);
         let written = frontier.load(Ordering::Relaxed) - self.tail;
         self.publish(&locs, written)
     }
@@ -509,6 +525,14 @@ impl StoreWriter {
         let _ = self.meta.unlock();
         Ok(())
     }
+}
+
+/// What a compression task reuses from one task to the next on its thread.
+#[derive(Default)]
+struct TaskState<'d> {
+    encoder: Option<Encoder<'d>>,
+    block: Vec<u8>,
+    scratch: Vec<u8>,
 }
 
 /// Splits `range` into contiguous tasks of about `target` input bytes each.
