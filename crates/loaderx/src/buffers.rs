@@ -16,9 +16,9 @@ use std::sync::Mutex;
 /// Smallest buffer worth caching.
 pub const MIN_BYTES: usize = 1 << 20;
 /// Most buffers kept.
-pub const MAX_ENTRIES: usize = 8;
+pub const MAX_ENTRIES: usize = 2;
 /// Most bytes kept.
-pub const MAX_BYTES: usize = 512 << 20;
+pub const MAX_BYTES: usize = 256 << 20;
 
 static CACHE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
