@@ -41,6 +41,11 @@ pub fn take(len: usize) -> Option<Vec<u8>> {
             buf.resize(len, 0);
             return Some(buf);
         }
+        // Room to grow: batches of variable-size records differ a little in
+        // size from one to the next, and an exact fit would be reusable only
+        // by requests no larger than this one.
+        let capacity = len.saturating_add(len / 8).next_multiple_of(MIN_BYTES);
+        return zeroed_with_capacity(len, capacity);
     }
     zeroed(len)
 }
@@ -78,19 +83,25 @@ pub fn cached_bytes() -> usize {
 /// memset pass, and unlike `vec![0; len]` a failure is an error rather than
 /// an abort.
 pub(crate) fn zeroed(len: usize) -> Option<Vec<u8>> {
-    if len == 0 {
+    zeroed_with_capacity(len, len)
+}
+
+/// A zero-filled buffer of `len` bytes with room for `capacity` (at least `len`).
+fn zeroed_with_capacity(len: usize, capacity: usize) -> Option<Vec<u8>> {
+    let capacity = capacity.max(len);
+    if capacity == 0 {
         return Some(Vec::new());
     }
-    let layout = std::alloc::Layout::array::<u8>(len).ok()?;
+    let layout = std::alloc::Layout::array::<u8>(capacity).ok()?;
     // SAFETY: the layout has a non-zero size.
     let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
     if ptr.is_null() {
         return None;
     }
     // SAFETY: `ptr` comes from the global allocator with the layout of a
-    // `[u8; len]` (alignment 1), all `len` bytes are initialised (zero), and
-    // length and capacity both equal the allocated size.
-    Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
+    // `[u8; capacity]` (alignment 1), all `capacity` bytes are initialised
+    // (zero), `len <= capacity`, and the capacity is the allocated size.
+    Some(unsafe { Vec::from_raw_parts(ptr, len, capacity) })
 }
 
 #[cfg(test)]
@@ -102,10 +113,13 @@ mod tests {
         // Tests share the process-wide cache; use sizes no other test uses.
         let a = take(3 * MIN_BYTES + 17).unwrap();
         assert_eq!(a.len(), 3 * MIN_BYTES + 17);
+        assert!(a.capacity() >= 3 * MIN_BYTES + 17 + (3 * MIN_BYTES) / 8);
         let ptr = a.as_ptr();
         recycle(a);
-        let b = take(3 * MIN_BYTES).unwrap();
-        assert_eq!((b.as_ptr(), b.len()), (ptr, 3 * MIN_BYTES));
+        // A slightly larger request reuses it too (the room to grow).
+        let b = take(3 * MIN_BYTES + 1000).unwrap();
+        assert_eq!((b.as_ptr(), b.len()), (ptr, 3 * MIN_BYTES + 1000));
+        assert!(b.iter().all(|&x| x == 0));
         recycle(b);
         // Far smaller requests do not take a huge buffer.
         let c = take(MIN_BYTES + 5).unwrap();
