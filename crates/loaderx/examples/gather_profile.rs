@@ -13,7 +13,9 @@ use loaderx::Kind;
 
 fn main() -> Result<(), loaderx::Error> {
     let mut args = std::env::args().skip(1);
-    let path = args.next().expect("usage: gather_profile STORE [dense|ragged]");
+    let path = args
+        .next()
+        .expect("usage: gather_profile STORE [dense|ragged]");
     let kind = match args.next().as_deref() {
         Some("ragged") => Kind::Ragged,
         _ => Kind::Dense,
