@@ -22,30 +22,33 @@ pub const MAX_BYTES: usize = 256 << 20;
 
 static CACHE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
-/// A buffer of exactly `len` initialised bytes, reusing a cached one whose
-/// capacity fits (`len..=2*len`) when there is one. Its contents are
-/// unspecified (zero when new); callers overwrite what they use.
+/// A buffer of exactly `len` initialised bytes, reusing a cached one of
+/// similar size (capacity within `len/2..=2*len`) when there is one. Its
+/// contents are unspecified (zero when new); callers overwrite what they use.
 /// `None` when the allocation fails.
+///
+/// Batches of variable-size records differ a little in size from one to the
+/// next, so a cached buffer slightly smaller than the request is grown in
+/// place (for large buffers the allocator remaps, keeping the pages already
+/// there) rather than passed over.
 pub fn take(len: usize) -> Option<Vec<u8>> {
     if len >= MIN_BYTES {
         let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
         let best = cache
             .iter()
             .enumerate()
-            .filter(|(_, b)| b.capacity() >= len && b.capacity() / 2 <= len)
-            .min_by_key(|(_, b)| b.capacity())
+            .filter(|(_, b)| b.capacity() >= len / 2 && b.capacity() / 2 <= len)
+            .min_by_key(|(_, b)| b.capacity().abs_diff(len))
             .map(|(i, _)| i);
         if let Some(i) = best {
             let mut buf = cache.swap_remove(i);
             drop(cache);
+            if buf.capacity() < len {
+                buf.try_reserve_exact(len - buf.len()).ok()?;
+            }
             buf.resize(len, 0);
             return Some(buf);
         }
-        // Room to grow: batches of variable-size records differ a little in
-        // size from one to the next, and an exact fit would be reusable only
-        // by requests no larger than this one.
-        let capacity = len.saturating_add(len / 8).next_multiple_of(MIN_BYTES);
-        return zeroed_with_capacity(len, capacity);
     }
     zeroed(len)
 }
@@ -83,25 +86,19 @@ pub fn cached_bytes() -> usize {
 /// memset pass, and unlike `vec![0; len]` a failure is an error rather than
 /// an abort.
 pub(crate) fn zeroed(len: usize) -> Option<Vec<u8>> {
-    zeroed_with_capacity(len, len)
-}
-
-/// A zero-filled buffer of `len` bytes with room for `capacity` (at least `len`).
-fn zeroed_with_capacity(len: usize, capacity: usize) -> Option<Vec<u8>> {
-    let capacity = capacity.max(len);
-    if capacity == 0 {
+    if len == 0 {
         return Some(Vec::new());
     }
-    let layout = std::alloc::Layout::array::<u8>(capacity).ok()?;
+    let layout = std::alloc::Layout::array::<u8>(len).ok()?;
     // SAFETY: the layout has a non-zero size.
     let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
     if ptr.is_null() {
         return None;
     }
     // SAFETY: `ptr` comes from the global allocator with the layout of a
-    // `[u8; capacity]` (alignment 1), all `capacity` bytes are initialised
-    // (zero), `len <= capacity`, and the capacity is the allocated size.
-    Some(unsafe { Vec::from_raw_parts(ptr, len, capacity) })
+    // `[u8; len]` (alignment 1), all `len` bytes are initialised (zero), and
+    // length and capacity both equal the allocated size.
+    Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
 #[cfg(test)]
@@ -112,19 +109,25 @@ mod tests {
     fn reuses_fitting_buffers_only() {
         // Tests share the process-wide cache; use sizes no other test uses.
         let a = take(3 * MIN_BYTES + 17).unwrap();
-        assert_eq!(a.len(), 3 * MIN_BYTES + 17);
-        assert!(a.capacity() >= 3 * MIN_BYTES + 17 + (3 * MIN_BYTES) / 8);
+        assert_eq!(
+            (a.len(), a.capacity()),
+            (3 * MIN_BYTES + 17, 3 * MIN_BYTES + 17)
+        );
         let ptr = a.as_ptr();
         recycle(a);
-        // A slightly larger request reuses it too (the room to grow).
-        let b = take(3 * MIN_BYTES + 1000).unwrap();
-        assert_eq!((b.as_ptr(), b.len()), (ptr, 3 * MIN_BYTES + 1000));
-        assert!(b.iter().all(|&x| x == 0));
+        let b = take(3 * MIN_BYTES).unwrap();
+        assert_eq!((b.as_ptr(), b.len()), (ptr, 3 * MIN_BYTES));
         recycle(b);
-        // Far smaller requests do not take a huge buffer.
-        let c = take(MIN_BYTES + 5).unwrap();
-        assert_ne!(c.as_ptr(), ptr);
-        assert_eq!(c.len(), MIN_BYTES + 5);
+        // A slightly larger request takes it too, grown to fit.
+        let c = take(3 * MIN_BYTES + 1000).unwrap();
+        assert_eq!(c.len(), 3 * MIN_BYTES + 1000);
+        assert!(c.capacity() >= 3 * MIN_BYTES + 1000);
+        recycle(c);
+        assert_eq!(CACHE.lock().unwrap().len(), 1);
+        // Far smaller requests do not take a much larger buffer.
+        let d = take(MIN_BYTES + 5).unwrap();
+        assert_eq!(d.len(), MIN_BYTES + 5);
+        assert_eq!(CACHE.lock().unwrap().len(), 1);
         let small = take(10).unwrap();
         assert_eq!(small, vec![0; 10]);
         recycle(small); // ignored
