@@ -317,15 +317,24 @@ class _Store:
         return self._writer
 
     # -- reads --------------------------------------------------------------
+    @staticmethod
+    def _resolve(reader: Any, key: Index) -> tuple[int | None, np.ndarray | None]:
+        """``(i, None)`` for a single record ``i`` (range-checked), else
+        ``(None, indices)`` for a record set."""
+        i = _scalar_index(key)
+        n = len(reader)
+        if i is None:
+            return None, _index_array(key, n)
+        if not 0 <= i < n:
+            raise IndexError(f"index {i} is out of range for a store of {n} records")
+        return i, None
+
     def __getitem__(self, key: Index) -> Any:
         reader = self._require_reader()
-        i = _scalar_index(key)
-        if i is not None:
-            n = len(reader)
-            if not 0 <= i < n:
-                raise IndexError(f"index {i} is out of range for a store of {n} records")
+        i, idx = self._resolve(reader, key)
+        if idx is None:
             return self._gather_one(reader, i)
-        return self._gather(reader, _index_array(key, len(reader)))
+        return self._gather(reader, idx)
 
     def __getitems__(self, indices: Index) -> Any:
         """Gathers a record set (the batched-fetch protocol of map-style datasets)."""
@@ -493,14 +502,9 @@ class Ragged(_Store):
         int64 ``(n, ndim)`` array. The records must share one rank.
         """
         reader = self._require_reader()
-        i = _scalar_index(key)
-        if i is not None:
-            n = len(reader)
-            if not 0 <= i < n:
-                raise IndexError(f"index {i} is out of range for a store of {n} records")
+        i, idx = self._resolve(reader, key)
+        if idx is None:
             idx = np.array([i], dtype=np.int64)
-        else:
-            idx = _index_array(key, len(reader))
         return reader.gather_packed(idx, self._dtype)
 
     def _gather(self, reader: Any, idx: np.ndarray) -> list[np.ndarray]:
