@@ -45,7 +45,7 @@ use std::path::Path;
 
 pub use batch::{PackedBatch, RaggedBatch};
 pub use geometry::{parse_ragged, RaggedRecord, MAX_NDIM};
-pub use reader::{DataAccess, StoreReader};
+pub use reader::{DataAccess, StoreReader, MAP_RECORD_BYTES, MAX_DICT_BYTES};
 pub use writer::{CreateOptions, StoreWriter};
 
 use crate::error::Result;
