@@ -445,32 +445,44 @@ fn dense_gather_checked(r: &StoreReader, width: usize, idx: &[u64], extra: usize
         return;
     }
     let mut one = vec![0u8; width];
+    check_against_singles(idx, res.as_ref().err(), |k, i| {
+        r.gather_fixed(&[i], width, &mut one)?;
+        if res.is_ok() {
+            assert_eq!(
+                &out[k * width..(k + 1) * width],
+                &one[..],
+                "record {i} differs"
+            );
+        }
+        Ok(())
+    });
+}
+
+/// Cross-checks a batch gather against gathering each record alone:
+/// `single(k, i)` gathers record `i` by itself (and, when the batch
+/// succeeded, compares it with the batch's position `k`). A record that
+/// fails alone must have failed the batch, with a storage code; a failed
+/// batch must hold a record that fails alone.
+fn check_against_singles(
+    idx: &[u64],
+    batch_err: Option<&Error>,
+    mut single: impl FnMut(usize, u64) -> Result<(), Error>,
+) {
     let mut any_err = false;
     for (k, &i) in idx.iter().enumerate() {
-        match r.gather_fixed(&[i], width, &mut one) {
-            Ok(()) => {
-                if res.is_ok() {
-                    assert_eq!(
-                        &out[k * width..(k + 1) * width],
-                        &one[..],
-                        "record {i} differs"
-                    );
-                }
-            }
-            Err(e) => {
-                any_err = true;
-                assert!(
-                    res.is_err(),
-                    "batch gather succeeded but record {i} alone fails: {e}"
-                );
-                assert!(
-                    e.code().is_some(),
-                    "record {i}: error without a storage code: {e}"
-                );
-            }
+        if let Err(e) = single(k, i) {
+            any_err = true;
+            assert!(
+                batch_err.is_some(),
+                "batch gather succeeded but record {i} alone fails: {e}"
+            );
+            assert!(
+                e.code().is_some(),
+                "record {i}: error without a storage code: {e}"
+            );
         }
     }
-    if let Err(e) = &res {
+    if let Some(e) = batch_err {
         assert!(
             any_err || idx.is_empty(),
             "batch gather failed but every record alone succeeds: {e}"
@@ -542,34 +554,14 @@ fn ragged_gather_checked(r: &StoreReader, idx: &[u64], extra: usize) {
         }
     }
     if idx.len() as u64 <= DIFF_RECORDS {
-        let mut any_err = false;
-        for (k, &i) in idx.iter().enumerate() {
-            match r.gather_ragged(&[i]) {
-                Ok(one) => {
-                    if let Ok(b) = &res {
-                        assert_eq!(b.shape(k), one.shape(0), "record {i}: shape differs");
-                        assert_eq!(b.payload(k), one.payload(0), "record {i}: payload differs");
-                    }
-                }
-                Err(e) => {
-                    any_err = true;
-                    assert!(
-                        res.is_err(),
-                        "batch gather succeeded but record {i} alone fails: {e}"
-                    );
-                    assert!(
-                        e.code().is_some(),
-                        "record {i}: error without a storage code: {e}"
-                    );
-                }
+        check_against_singles(idx, res.as_ref().err(), |k, i| {
+            let one = r.gather_ragged(&[i])?;
+            if let Ok(b) = &res {
+                assert_eq!(b.shape(k), one.shape(0), "record {i}: shape differs");
+                assert_eq!(b.payload(k), one.payload(0), "record {i}: payload differs");
             }
-        }
-        if let Err(e) = &res {
-            assert!(
-                any_err || idx.is_empty(),
-                "batch gather failed but every record alone succeeds: {e}"
-            );
-        }
+            Ok(())
+        });
     }
     if let Ok(b) = res {
         let count = b.len();
