@@ -403,14 +403,7 @@ def prepare_data(args, bz) -> dict:
     import loaderx
     from loaderx.zrecord import Dense
     want = {"generator": GENERATOR_VERSION, "seed": args.seed, "records": args.records}
-    manifest = None
-    if manifest_path.exists() and not args.regenerate:
-        try:
-            manifest = json.loads(manifest_path.read_text())
-            if manifest.get("params") != want:
-                manifest = None
-        except (OSError, ValueError):
-            manifest = None
+    manifest = bz.cached_manifest(manifest_path, want, args.regenerate)
     images, labels = src_dir / "images.npy", src_dir / "labels.npy"
     if manifest is None:
         import shutil

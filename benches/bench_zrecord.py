@@ -192,20 +192,25 @@ def generate_source(name: str, spec: dict, n: int, seed: int, out: Path) -> dict
     return stats
 
 
+def cached_manifest(path: Path, want: dict, regenerate: bool) -> dict | None:
+    """The manifest of data generated earlier with exactly the parameters
+    ``want``, or None when there is none (or ``regenerate`` asks for fresh data)."""
+    if regenerate or not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if manifest.get("params") == want else None
+
+
 def prepare_workload(name: str, spec: dict, args) -> dict:
     n, batch, batches = spec["quick" if args.quick else "full"]
     wdir = args.workdir / ("quick" if args.quick else "full") / name
     src_dir = wdir / "source"
     manifest_path = wdir / "manifest.json"
     want = {"generator": GENERATOR_VERSION, "seed": args.seed, "records": n, "batch": batch, "batches": batches}
-    manifest = None
-    if manifest_path.exists() and not args.regenerate:
-        try:
-            manifest = json.loads(manifest_path.read_text())
-            if manifest.get("params") != want:
-                manifest = None
-        except (OSError, ValueError):
-            manifest = None
+    manifest = cached_manifest(manifest_path, want, args.regenerate)
     if manifest is None:
         log(f"[{name}] generating {n} records (seed {args.seed}) ...")
         t0 = time.perf_counter()
