@@ -1156,6 +1156,40 @@ def test_workers_do_not_run_ahead_of_the_consumer(make, workers):
     assert len(calls) == workers + 1, calls
 
 
+@pytest.mark.parametrize("transform", [None, "passthrough"])
+def test_batch_buffers_circulate_instead_of_being_reallocated(tmp_path, transform):
+    """Large batches reuse the buffers of earlier ones: after the first few,
+    a loader allocates none, even when the consumer holds several batches
+    and lets go of them at once (a swing the engine's default two-buffer
+    cache cannot absorb; the loader reserves room for its own)."""
+    from loaderx import _native
+
+    shape = (512, 1024)  # 512 KiB records, so a batch of 4 is 2 MiB
+    with Dense.create(tmp_path / "big", "uint8", shape, codec="raw") as w:
+        for i in range(24):
+            w.append(np.full((1, *shape), i, dtype=np.uint8))
+    store = Dense.open(tmp_path / "big")
+    kwargs = {} if transform is None else {"transform": passthrough}
+    _, fresh0 = _native.batch_buffer_stats()
+    loader = DataLoader({"x": store}, batch_size=4, prefetch_size=3, transform_workers=2,
+                        mode=0, **kwargs)
+    try:
+        for cycle in range(20):
+            held = [next(loader) for _ in range(3)]
+            for k, b in enumerate(held):
+                first = (12 * cycle + 4 * k) % 24
+                assert b["x"][:, 0, 0].tolist() == [(first + j) % 24 for j in range(4)]
+            del held, b
+    finally:
+        loader.close()
+        store.close()
+    _, fresh1 = _native.batch_buffer_stats()
+    # At most every buffer alive at once: 3 prefetched (+2 in transform
+    # threads) + 3 held + 1 replacing one; never one per batch.
+    bound = 3 + 3 + 1 + (2 if transform else 0)
+    assert fresh1 - fresh0 <= bound, (fresh0, fresh1)
+
+
 # --------------------------------------------------------------------------
 # garbage collection
 # --------------------------------------------------------------------------

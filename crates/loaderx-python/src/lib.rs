@@ -19,6 +19,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pool_threads, m)?)?;
     m.add_class::<arrays::BatchBuffer>()?;
     m.add_function(wrap_pyfunction!(cached_batch_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(batch_buffer_stats, m)?)?;
     store::register(m)?;
     dict::register(m)?;
     loader::register(m)?;
@@ -30,6 +31,14 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyfunction]
 fn cached_batch_bytes() -> usize {
     loaderx::buffers::cached_bytes()
+}
+
+/// `(reused, fresh)`: large batch buffers served from the cache and newly
+/// allocated so far in this process.
+#[pyfunction]
+fn batch_buffer_stats() -> (u64, u64) {
+    let s = loaderx::buffers::stats();
+    (s.reused, s.fresh)
 }
 
 /// Number of threads in the process-wide worker pool.

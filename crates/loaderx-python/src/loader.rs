@@ -40,7 +40,7 @@ pub struct LoaderHandle {
 impl LoaderHandle {
     /// Starts gathering `readers` (ReaderHandle objects) with numpy dtypes `dtypes`.
     #[new]
-    #[pyo3(signature = (readers, dtypes, packed, batch_size, mode, seed, start_step, prefetch, shard_index, shard_count, producers))]
+    #[pyo3(signature = (readers, dtypes, packed, batch_size, mode, seed, start_step, prefetch, shard_index, shard_count, producers, held_downstream=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -55,6 +55,7 @@ impl LoaderHandle {
         shard_index: u64,
         shard_count: u64,
         producers: usize,
+        held_downstream: usize,
     ) -> PyResult<Self> {
         if readers.len() != dtypes.len() || readers.len() != packed.len() {
             return Err(PyValueError::new_err(
@@ -88,6 +89,7 @@ impl LoaderHandle {
             shard_index,
             shard_count,
             producers,
+            held_downstream,
         };
         let loader = py.detach(|| Loader::new(sources, config)).py(py)?;
         Ok(LoaderHandle { loader, streams })

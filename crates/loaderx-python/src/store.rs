@@ -333,19 +333,7 @@ impl ReaderHandle {
     /// Mean logical bytes per record over up to `probe` evenly spread records.
     fn mean_record_bytes(&self, py: Python<'_>, probe: u64) -> PyResult<f64> {
         let reader = self.reader()?;
-        py.detach(|| {
-            let n = reader.len();
-            if n == 0 {
-                return Ok(0.0);
-            }
-            let k = probe.clamp(1, n);
-            let mut total = 0u64;
-            for j in 0..k {
-                total += reader.loc(j * n / k)?.logic_length as u64;
-            }
-            Ok::<f64, Error>(total as f64 / k as f64)
-        })
-        .py(py)
+        py.detach(|| reader.mean_record_bytes(probe)).py(py)
     }
 
     /// Gathers Dense records `indices` into a new `(n, *item_shape)` array of

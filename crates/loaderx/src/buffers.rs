@@ -10,17 +10,126 @@
 //! The cache is bounded ([`MAX_ENTRIES`] buffers, [`MAX_BYTES`] in all) and
 //! only holds buffers of at least [`MIN_BYTES`]; smaller ones are the
 //! allocator's business.
+//!
+//! A pipeline that keeps several batches in flight (a
+//! [`Loader`](crate::loader::Loader) with prefetch) sees the number of live
+//! buffers swing by more than two from one moment to the next; each swing
+//! past the cache's bound frees buffers that are allocated (and faulted in)
+//! again a moment later. Such a pipeline [`reserve`]s room for its swing
+//! while it runs. That does not raise its peak memory: a buffer is only
+//! created when no cached one fits, so the buffers in circulation do not
+//! outnumber the most that were alive at once.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 /// Smallest buffer worth caching.
 pub const MIN_BYTES: usize = 1 << 20;
-/// Most buffers kept.
+/// Most buffers kept without a [`Reservation`].
 pub const MAX_ENTRIES: usize = 2;
-/// Most bytes kept.
+/// Most bytes kept without a [`Reservation`].
 pub const MAX_BYTES: usize = 256 << 20;
 
-static CACHE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+struct Cache {
+    buffers: Vec<Vec<u8>>,
+    /// Sums over the live reservations.
+    reserved_entries: usize,
+    reserved_bytes: usize,
+}
+
+impl Cache {
+    fn max_entries(&self) -> usize {
+        MAX_ENTRIES.saturating_add(self.reserved_entries)
+    }
+
+    fn max_bytes(&self) -> usize {
+        MAX_BYTES.saturating_add(self.reserved_bytes)
+    }
+
+    fn held(&self) -> usize {
+        self.buffers.iter().map(Vec::capacity).sum()
+    }
+
+    /// Removes the oldest buffers until the bounds hold again, returning
+    /// them so the caller can free them after releasing the lock.
+    fn trim(&mut self) -> Vec<Vec<u8>> {
+        let mut surplus = Vec::new();
+        while !self.buffers.is_empty()
+            && (self.buffers.len() > self.max_entries() || self.held() > self.max_bytes())
+        {
+            surplus.push(self.buffers.remove(0));
+        }
+        surplus
+    }
+}
+
+static CACHE: Mutex<Cache> = Mutex::new(Cache {
+    buffers: Vec::new(),
+    reserved_entries: 0,
+    reserved_bytes: 0,
+});
+
+static REUSED: AtomicU64 = AtomicU64::new(0);
+static FRESH: AtomicU64 = AtomicU64::new(0);
+
+/// How the cache has served large requests (of at least [`MIN_BYTES`]) in
+/// this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stats {
+    /// Requests served from a cached buffer.
+    pub reused: u64,
+    /// Requests that needed a new allocation.
+    pub fresh: u64,
+}
+
+/// Counts of large requests served so far.
+pub fn stats() -> Stats {
+    Stats {
+        reused: REUSED.load(Ordering::Relaxed),
+        fresh: FRESH.load(Ordering::Relaxed),
+    }
+}
+
+/// The cache's current bounds: (buffers, bytes), reservations included.
+pub fn limits() -> (usize, usize) {
+    let c = cache();
+    (c.max_entries(), c.max_bytes())
+}
+
+fn cache() -> MutexGuard<'static, Cache> {
+    CACHE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Room in the cache held for one pipeline; released (and the cache trimmed
+/// back) when dropped.
+#[derive(Debug)]
+#[must_use = "the room is released when the reservation is dropped"]
+pub struct Reservation {
+    entries: usize,
+    bytes: usize,
+}
+
+/// Lets the cache keep `entries` more buffers and `bytes` more bytes until
+/// the returned [`Reservation`] is dropped.
+pub fn reserve(entries: usize, bytes: usize) -> Reservation {
+    let mut c = cache();
+    c.reserved_entries = c.reserved_entries.saturating_add(entries);
+    c.reserved_bytes = c.reserved_bytes.saturating_add(bytes);
+    Reservation { entries, bytes }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let surplus = {
+            let mut c = cache();
+            c.reserved_entries = c.reserved_entries.saturating_sub(self.entries);
+            c.reserved_bytes = c.reserved_bytes.saturating_sub(self.bytes);
+            c.trim()
+        };
+        // Unmapping large buffers takes a while; not under the lock.
+        drop(surplus);
+    }
+}
 
 /// A buffer of exactly `len` initialised bytes, reusing a cached one of
 /// similar size (capacity within `len/2..=2*len`) when there is one. Its
@@ -33,16 +142,18 @@ static CACHE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 /// there) rather than passed over.
 pub fn take(len: usize) -> Option<Vec<u8>> {
     if len >= MIN_BYTES {
-        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = cache();
         let best = cache
+            .buffers
             .iter()
             .enumerate()
             .filter(|(_, b)| b.capacity() >= len / 2 && b.capacity() / 2 <= len)
             .min_by_key(|(_, b)| b.capacity().abs_diff(len))
             .map(|(i, _)| i);
         if let Some(i) = best {
-            let mut buf = cache.swap_remove(i);
+            let mut buf = cache.buffers.swap_remove(i);
             drop(cache);
+            REUSED.fetch_add(1, Ordering::Relaxed);
             if buf.capacity() < len {
                 buf.try_reserve_exact(len - buf.len()).ok()?;
                 advise_huge_pages(&buf);
@@ -50,35 +161,37 @@ pub fn take(len: usize) -> Option<Vec<u8>> {
             buf.resize(len, 0);
             return Some(buf);
         }
+        drop(cache);
+        FRESH.fetch_add(1, Ordering::Relaxed);
     }
     zeroed(len)
 }
 
 /// Returns a buffer for reuse (or frees it when it is small or the cache is full).
 pub fn recycle(buf: Vec<u8>) {
-    if buf.capacity() < MIN_BYTES || buf.capacity() > MAX_BYTES {
+    if buf.capacity() < MIN_BYTES {
         return;
     }
-    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    let held: usize = cache.iter().map(Vec::capacity).sum();
-    if cache.len() < MAX_ENTRIES && held + buf.capacity() <= MAX_BYTES {
-        cache.push(buf);
+    let mut cache = cache();
+    if cache.buffers.len() < cache.max_entries()
+        && cache.held().saturating_add(buf.capacity()) <= cache.max_bytes()
+    {
+        cache.buffers.push(buf);
+        return;
     }
+    drop(cache);
+    drop(buf);
 }
 
 /// Frees every cached buffer.
 pub fn clear() {
-    CACHE.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    let all = std::mem::take(&mut cache().buffers);
+    drop(all);
 }
 
 /// Bytes currently cached.
 pub fn cached_bytes() -> usize {
-    CACHE
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .map(Vec::capacity)
-        .sum()
+    cache().held()
 }
 
 /// A zero-filled buffer of `len` bytes, or `None` when the allocation fails.
@@ -146,12 +259,21 @@ fn advise_huge_pages(buf: &[u8]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Held by every test that looks at the process-wide cache or its bounds.
+    pub(crate) static TEST_LOCK: Mutex<()> = Mutex::new(());
+
+    pub(crate) fn test_lock() -> MutexGuard<'static, ()> {
+        TEST_LOCK.lock().unwrap_or_else(|p| p.into_inner())
+    }
 
     #[test]
     fn reuses_fitting_buffers_only() {
-        // Tests share the process-wide cache; use sizes no other test uses.
+        let _serial = test_lock();
+        clear();
+        let before = stats();
         let a = take(3 * MIN_BYTES + 17).unwrap();
         assert_eq!(
             (a.len(), a.capacity()),
@@ -167,14 +289,55 @@ mod tests {
         assert_eq!(c.len(), 3 * MIN_BYTES + 1000);
         assert!(c.capacity() >= 3 * MIN_BYTES + 1000);
         recycle(c);
-        assert_eq!(CACHE.lock().unwrap().len(), 1);
+        assert_eq!(cache().buffers.len(), 1);
         // Far smaller requests do not take a much larger buffer.
         let d = take(MIN_BYTES + 5).unwrap();
         assert_eq!(d.len(), MIN_BYTES + 5);
-        assert_eq!(CACHE.lock().unwrap().len(), 1);
+        assert_eq!(cache().buffers.len(), 1);
+        let after = stats();
+        assert_eq!(
+            (after.reused - before.reused, after.fresh - before.fresh),
+            (2, 2)
+        );
         let small = take(10).unwrap();
         assert_eq!(small, vec![0; 10]);
         recycle(small); // ignored
+    }
+
+    #[test]
+    fn reservations_widen_the_bounds_until_dropped() {
+        let _serial = test_lock();
+        clear();
+        assert_eq!(limits(), (MAX_ENTRIES, MAX_BYTES));
+        let fill = |n: usize| {
+            for _ in 0..n {
+                recycle(zeroed(2 * MIN_BYTES).unwrap());
+            }
+        };
+        fill(MAX_ENTRIES + 3);
+        assert_eq!(cache().buffers.len(), MAX_ENTRIES);
+
+        let r = reserve(3, 6 * MIN_BYTES);
+        assert_eq!(limits(), (MAX_ENTRIES + 3, MAX_BYTES + 6 * MIN_BYTES));
+        fill(5);
+        assert_eq!(cache().buffers.len(), MAX_ENTRIES + 3);
+        // More bytes than the base bound are kept under a reservation.
+        clear();
+        let big = MAX_BYTES + 8 * MIN_BYTES; // beyond the room `r` adds
+        recycle(zeroed(big).unwrap());
+        assert_eq!(cached_bytes(), 0, "over the bound without room for it");
+        let r2 = reserve(0, big);
+        recycle(zeroed(big).unwrap());
+        assert_eq!(cached_bytes(), big);
+        drop(r2);
+        assert_eq!(cached_bytes(), 0, "trimmed when the room goes");
+
+        fill(5);
+        assert_eq!(cache().buffers.len(), MAX_ENTRIES + 3);
+        drop(r);
+        assert_eq!(limits(), (MAX_ENTRIES, MAX_BYTES));
+        assert_eq!(cache().buffers.len(), MAX_ENTRIES);
+        clear();
     }
 
     /// Large fresh buffers carry the huge-page advice (VmFlags `hg` on

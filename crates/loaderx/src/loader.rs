@@ -46,6 +46,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::buffers;
 use crate::error::{Error, Result};
 use crate::sampler::{Mode, Sampler};
 use crate::store::{DenseReader, PackedBatch, RaggedBatch, RaggedReader, StoreReader};
@@ -82,6 +83,13 @@ pub trait Source: Send + Sync {
     }
     /// Gathers records `indices`, in order.
     fn gather(&self, indices: &[u64]) -> Result<Column>;
+    /// About how many bytes a gather of `rows` records allocates, so a
+    /// [`Loader`] can keep that many bytes of batch buffers for reuse
+    /// (see [`buffers`](crate::buffers)). 0, the default, means unknown.
+    fn batch_bytes_hint(&self, rows: usize) -> usize {
+        let _ = rows;
+        0
+    }
 }
 
 impl Source for StoreReader {
@@ -100,6 +108,10 @@ impl Source for StoreReader {
             None => self.gather_ragged(indices).map(Column::Ragged),
         }
     }
+
+    fn batch_bytes_hint(&self, rows: usize) -> usize {
+        StoreReader::batch_bytes_hint(self, rows)
+    }
 }
 
 impl Source for DenseReader {
@@ -110,6 +122,10 @@ impl Source for DenseReader {
     fn gather(&self, indices: &[u64]) -> Result<Column> {
         Source::gather(self.inner(), indices)
     }
+
+    fn batch_bytes_hint(&self, rows: usize) -> usize {
+        self.inner().batch_bytes_hint(rows)
+    }
 }
 
 impl Source for RaggedReader {
@@ -119,6 +135,10 @@ impl Source for RaggedReader {
 
     fn gather(&self, indices: &[u64]) -> Result<Column> {
         RaggedReader::gather(self, indices).map(Column::Ragged)
+    }
+
+    fn batch_bytes_hint(&self, rows: usize) -> usize {
+        self.inner().batch_bytes_hint(rows)
     }
 }
 
@@ -137,6 +157,10 @@ impl<S: Source> Source for Packed<S> {
             other => Ok(other),
         }
     }
+
+    fn batch_bytes_hint(&self, rows: usize) -> usize {
+        self.0.batch_bytes_hint(rows)
+    }
 }
 
 impl<S: Source + ?Sized> Source for Arc<S> {
@@ -146,6 +170,10 @@ impl<S: Source + ?Sized> Source for Arc<S> {
 
     fn gather(&self, indices: &[u64]) -> Result<Column> {
         (**self).gather(indices)
+    }
+
+    fn batch_bytes_hint(&self, rows: usize) -> usize {
+        (**self).batch_bytes_hint(rows)
     }
 }
 
@@ -179,6 +207,10 @@ pub struct LoaderConfig {
     pub shard_count: u64,
     /// Producer threads (at least 1; capped at `prefetch`).
     pub producers: usize,
+    /// Batches the consumer side may hold at once besides the one in use,
+    /// such as batches waiting for or inside transform threads. Only sizes
+    /// how many batch buffers are kept for reuse; it limits nothing.
+    pub held_downstream: usize,
 }
 
 impl Default for LoaderConfig {
@@ -192,6 +224,7 @@ impl Default for LoaderConfig {
             shard_index: 0,
             shard_count: 1,
             producers: 2,
+            held_downstream: 0,
         }
     }
 }
@@ -286,10 +319,37 @@ impl Shared {
     }
 }
 
+/// Reserves cache room for every batch buffer a loader can have in
+/// circulation: `prefetch` claimed steps, the consumer's batch and the one
+/// replacing it, and whatever the consumer side holds besides. Ragged batch
+/// sizes vary, so their estimate gets a quarter more.
+fn reserve_buffers(
+    sources: &[Arc<dyn Source>],
+    rows: usize,
+    config: &LoaderConfig,
+) -> buffers::Reservation {
+    let in_flight = config
+        .prefetch
+        .saturating_add(config.held_downstream)
+        .saturating_add(2);
+    let (mut entries, mut bytes) = (0usize, 0usize);
+    for source in sources {
+        let hint = source.batch_bytes_hint(rows);
+        if hint >= buffers::MIN_BYTES {
+            entries = entries.saturating_add(in_flight);
+            bytes = bytes.saturating_add(in_flight.saturating_mul(hint.saturating_add(hint / 4)));
+        }
+    }
+    buffers::reserve(entries, bytes)
+}
+
 /// An endless, step-ordered stream of batches gathered by native threads.
 pub struct Loader {
     shared: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Room in the batch-buffer cache for the batches this loader keeps in
+    /// flight; released by `close()`.
+    buffers: Mutex<Option<buffers::Reservation>>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -350,6 +410,7 @@ impl Loader {
         } else {
             lo + per_shard as usize
         };
+        let reservation = reserve_buffers(&sources, hi - lo, &config);
         let shared = Arc::new(Shared {
             sources,
             sampler,
@@ -377,6 +438,7 @@ impl Loader {
                     let partial = Loader {
                         shared,
                         threads: Mutex::new(threads),
+                        buffers: Mutex::new(Some(reservation)),
                     };
                     partial.close();
                     return Err(e);
@@ -386,6 +448,7 @@ impl Loader {
         Ok(Loader {
             shared,
             threads: Mutex::new(threads),
+            buffers: Mutex::new(Some(reservation)),
         })
     }
 
@@ -456,6 +519,10 @@ impl Loader {
         for t in threads {
             let _ = t.join();
         }
+        self.buffers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
     }
 
     /// Whether the loader has been closed or stopped by an error.
@@ -533,6 +600,74 @@ mod tests {
                 .collect(),
             _ => unreachable!(),
         }
+    }
+
+    /// A source of wide records whose batch buffers come from the cache.
+    struct Wide {
+        width: usize,
+    }
+
+    impl Source for Wide {
+        fn len(&self) -> u64 {
+            64
+        }
+        fn gather(&self, indices: &[u64]) -> Result<Column> {
+            let data = buffers::take(indices.len() * self.width).expect("memory");
+            Ok(Column::Dense(DenseBatch {
+                data,
+                rows: indices.len(),
+                width: self.width,
+            }))
+        }
+        fn batch_bytes_hint(&self, rows: usize) -> usize {
+            rows * self.width
+        }
+    }
+
+    #[test]
+    fn keeps_its_batch_buffers_in_circulation() {
+        let _serial = buffers::tests::test_lock();
+        buffers::clear();
+        let (entries, bytes) = buffers::limits();
+        let batch = 4 * (1 << 19); // 2 MiB: four 512 KiB records
+        let config = LoaderConfig {
+            batch_size: 4,
+            prefetch: 3,
+            held_downstream: 2,
+            ..LoaderConfig::default()
+        };
+        // One big source and one too small to matter.
+        let sources: Vec<Arc<dyn Source>> = vec![Arc::new(Wide { width: 1 << 19 }), counting(64)];
+        let mut loader = Loader::new(sources, config).unwrap();
+        // prefetch + held_downstream + 2 batches of the big source, a quarter extra in bytes.
+        assert_eq!(
+            buffers::limits(),
+            (entries + 7, bytes + 7 * (batch + batch / 4))
+        );
+
+        // The consumer takes three batches, then lets go of all three at
+        // once: a swing the unreserved cache (two buffers) cannot absorb.
+        let before = buffers::stats();
+        for _ in 0..20 {
+            let held: Vec<Batch> = (0..3).map(|_| loader.next().unwrap().unwrap()).collect();
+            for b in held {
+                for column in b.columns {
+                    if let Column::Dense(d) = column {
+                        buffers::recycle(d.data);
+                    }
+                }
+            }
+        }
+        let after = buffers::stats();
+        // Never more buffers than were alive at once: 3 claimed + 3 held.
+        assert!(after.fresh - before.fresh <= 6, "{before:?} -> {after:?}");
+        assert!(
+            after.reused - before.reused >= 60 - 6,
+            "{before:?} -> {after:?}"
+        );
+        loader.close();
+        assert_eq!(buffers::limits(), (entries, bytes));
+        buffers::clear();
     }
 
     #[test]

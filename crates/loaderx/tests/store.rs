@@ -447,3 +447,77 @@ fn a_file_shortened_under_a_reading_handle_is_an_error() {
     let err = r.gather_fixed(&[5], 4096, &mut out).unwrap_err();
     assert_eq!(err.code(), Some(-2), "{err}");
 }
+
+#[test]
+fn batch_size_hints() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = DenseWriter::create(
+        dir.path().join("d"),
+        DType::parse("<u4").unwrap(),
+        &[3, 5],
+        Codec::Zstd,
+        None,
+    )
+    .unwrap();
+    w.append(&(0..4).flat_map(dense_record).collect::<Vec<u8>>())
+        .unwrap();
+    w.close().unwrap();
+    let d = DenseReader::open(dir.path().join("d")).unwrap();
+    assert_eq!(d.inner().batch_bytes_hint(7), 7 * 60, "exact for Dense");
+
+    // Ragged: two record sizes alternating, so the mean is their midpoint.
+    let mut w = RaggedWriter::create(
+        dir.path().join("r"),
+        DType::parse("<i2").unwrap(),
+        Codec::Raw,
+        None,
+    )
+    .unwrap();
+    let (short, long) = (vec![0u8; 20], vec![0u8; 60]);
+    let records: Vec<RaggedRecord<'_>> = (0..8)
+        .map(|i| {
+            if i % 2 == 0 {
+                RaggedRecord {
+                    shape: &[10],
+                    payload: &short,
+                }
+            } else {
+                RaggedRecord {
+                    shape: &[30],
+                    payload: &long,
+                }
+            }
+        })
+        .collect();
+    w.append(&records).unwrap();
+    w.close().unwrap();
+    let r = RaggedReader::open(dir.path().join("r")).unwrap();
+    let (a, b) = (
+        r.inner().loc(0).unwrap().logic_length,
+        r.inner().loc(1).unwrap().logic_length,
+    );
+    assert_eq!(b - a, 40);
+    let mean = (a + b) as f64 / 2.0;
+    assert_eq!(r.inner().mean_record_bytes(8).unwrap(), mean);
+    assert_eq!(
+        r.inner().mean_record_bytes(1000).unwrap(),
+        mean,
+        "probe capped at len"
+    );
+    assert_eq!(
+        r.inner().mean_record_bytes(1).unwrap(),
+        a as f64,
+        "record 0 only"
+    );
+    // Each record also takes up to a 16-byte alignment slot.
+    assert_eq!(r.inner().batch_bytes_hint(10), (mean as usize + 16) * 10);
+
+    let empty = dir.path().join("e");
+    RaggedWriter::create(&empty, DType::parse("<i2").unwrap(), Codec::Raw, None)
+        .unwrap()
+        .close()
+        .unwrap();
+    let e = RaggedReader::open(&empty).unwrap();
+    assert_eq!(e.inner().mean_record_bytes(64).unwrap(), 0.0);
+    assert_eq!(e.inner().batch_bytes_hint(10), 160);
+}

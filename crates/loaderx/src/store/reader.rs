@@ -297,6 +297,37 @@ impl StoreReader {
         self.dict.as_deref()
     }
 
+    /// Mean logical bytes per record over up to `probe` evenly spread
+    /// records (0.0 for an empty store).
+    pub fn mean_record_bytes(&self, probe: u64) -> Result<f64> {
+        let n = self.len();
+        if n == 0 {
+            return Ok(0.0);
+        }
+        let k = probe.clamp(1, n);
+        let mut total = 0u64;
+        for j in 0..k {
+            // j < k <= n, so j * n / k < n; u128 keeps the product exact.
+            let i = (j as u128 * n as u128 / k as u128) as u64;
+            total += self.loc(i)?.logic_length as u64;
+        }
+        Ok(total as f64 / k as f64)
+    }
+
+    /// About how many bytes a gather of `rows` records returns: exact for
+    /// Dense stores, estimated from a sample of record sizes for Ragged ones.
+    pub fn batch_bytes_hint(&self, rows: usize) -> usize {
+        match self.schema.record_width() {
+            Some(width) => rows.saturating_mul(width as usize),
+            None => {
+                let mean = self.mean_record_bytes(64).unwrap_or(0.0);
+                (mean.ceil() as usize)
+                    .saturating_add(SLOT_ALIGN)
+                    .saturating_mul(rows)
+            }
+        }
+    }
+
     /// The validated table entry of record `index`.
     #[inline]
     pub fn loc(&self, index: u64) -> Result<RecordLoc> {
