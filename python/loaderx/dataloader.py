@@ -103,7 +103,11 @@ class DataLoader:
       ``(values, cu_seqlens, shapes)`` (see ``Ragged.gather_packed``) instead
       of a list of arrays.
 
-    At most ``prefetch_size + transform_workers + 1`` batches are alive.
+    At most ``prefetch_size + transform_workers + 1`` batches are alive, and
+    with the identity transform a ``for`` loop sees at most
+    ``max(prefetch_size, 2) + 1``: the batch you were handed last counts
+    against ``prefetch_size`` until you ask for the next one (so
+    ``prefetch_size=1`` still prepares one batch ahead).
     Iteration never ends by itself; ``close()`` (or leaving a ``with`` block)
     stops it, and a consumer waiting on it then sees StopIteration. A failure
     in a gather or the transform is raised to the consumer and stops the loader.

@@ -8,8 +8,15 @@
 //! [`pool`](crate::pool)). Finished batches wait in a reorder buffer and are
 //! handed out strictly in step order, so the delivered sequence depends only
 //! on the sources, the sampler parameters and the start step, never on
-//! thread timing. At most `prefetch` steps are claimed but not yet delivered,
-//! which bounds memory.
+//! thread timing.
+//!
+//! Memory is bounded by `prefetch` slots. A claimed, undelivered step takes
+//! one, and so does the batch the consumer was given last, until it asks
+//! for the next one: by then a consumer is usually done with it, but a
+//! Python `for` loop still holds it while the call runs (the loop variable
+//! is rebound only afterwards). Counting it keeps a consumer's loop at
+//! `prefetch + 1` batches alive at the peak, not `prefetch + 2`. With
+//! `prefetch` 1 the loader still works one step ahead.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -199,7 +206,9 @@ pub struct LoaderConfig {
     pub seed: u64,
     /// First step to deliver (resume point).
     pub start_step: u64,
-    /// Most steps claimed but not yet delivered (at least 1).
+    /// Batch slots (at least 1): steps claimed but not yet delivered, plus
+    /// the batch delivered last until the consumer asks for the next one.
+    /// A value of 1 acts as 2, so one step is always being worked on.
     pub prefetch: usize,
     /// This process's shard, in `0..shard_count`.
     pub shard_index: u64,
@@ -247,12 +256,16 @@ struct State {
     next_deliver: u128,
     ready: BTreeMap<u64, Result<Batch>>,
     closed: bool,
+    /// Whether the consumer may still hold the batch delivered last (it
+    /// holds a slot until the consumer's next call).
+    holding: bool,
 }
 
 struct Shared {
     sources: Vec<Arc<dyn Source>>,
     sampler: Sampler,
     shard: std::ops::Range<usize>,
+    /// Slots: claimed undelivered steps plus the held batch.
     capacity: u64,
     state: Mutex<State>,
     changed: Condvar,
@@ -289,9 +302,8 @@ impl Shared {
                     if st.closed {
                         return;
                     }
-                    if st.next_claim - st.next_deliver < self.capacity as u128
-                        && st.next_claim <= u64::MAX as u128
-                    {
+                    let used = st.next_claim - st.next_deliver + st.holding as u128;
+                    if used < self.capacity as u128 && st.next_claim <= u64::MAX as u128 {
                         break;
                     }
                     st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
@@ -320,9 +332,9 @@ impl Shared {
 }
 
 /// Reserves cache room for every batch buffer a loader can have in
-/// circulation: `prefetch` claimed steps, the consumer's batch and the one
-/// replacing it, and whatever the consumer side holds besides. Ragged batch
-/// sizes vary, so their estimate gets a quarter more.
+/// circulation: its slots, the consumer's previous batch while the next one
+/// is handed over, one to spare, and whatever the consumer side holds
+/// besides. Ragged batch sizes vary, so their estimate gets a quarter more.
 fn reserve_buffers(
     sources: &[Arc<dyn Source>],
     rows: usize,
@@ -330,6 +342,7 @@ fn reserve_buffers(
 ) -> buffers::Reservation {
     let in_flight = config
         .prefetch
+        .max(2)
         .saturating_add(config.held_downstream)
         .saturating_add(2);
     let (mut entries, mut bytes) = (0usize, 0usize);
@@ -415,12 +428,13 @@ impl Loader {
             sources,
             sampler,
             shard: lo..hi,
-            capacity: config.prefetch as u64,
+            capacity: config.prefetch.max(2) as u64,
             state: Mutex::new(State {
                 next_claim: config.start_step as u128,
                 next_deliver: config.start_step as u128,
                 ready: BTreeMap::new(),
                 closed: false,
+                holding: false,
             }),
             changed: Condvar::new(),
         });
@@ -467,6 +481,11 @@ impl Loader {
     pub fn next_timeout(&self, timeout: Duration) -> Next {
         let deadline = Instant::now() + timeout;
         let mut st = self.shared.lock();
+        if st.holding {
+            // Asking for the next batch releases the last one's slot.
+            st.holding = false;
+            self.shared.changed.notify_all();
+        }
         loop {
             if st.closed {
                 return Next::Closed;
@@ -477,6 +496,7 @@ impl Loader {
             let step = st.next_deliver as u64;
             if let Some(result) = st.ready.remove(&step) {
                 st.next_deliver += 1;
+                st.holding = true;
                 if result.is_err() {
                     // A failed step stops the loader: later steps are not delivered.
                     st.closed = true;
@@ -671,6 +691,41 @@ mod tests {
     }
 
     #[test]
+    fn a_loop_holding_its_last_batch_peaks_at_prefetch_plus_one() {
+        let _serial = buffers::tests::test_lock();
+        buffers::clear();
+        let config = LoaderConfig {
+            batch_size: 4,
+            prefetch: 3,
+            ..LoaderConfig::default()
+        };
+        let mut loader = Loader::new(vec![Arc::new(Wide { width: 1 << 19 })], config).unwrap();
+        let before = buffers::stats();
+        let release = |b: Batch| {
+            for column in b.columns {
+                if let Column::Dense(d) = column {
+                    buffers::recycle(d.data);
+                }
+            }
+        };
+        // Like a Python for loop: the previous batch is let go only after
+        // the next one has arrived (and here, a while after).
+        let mut previous = loader.next().unwrap().unwrap();
+        for _ in 0..30 {
+            let batch = loader.next().unwrap().unwrap();
+            std::thread::sleep(Duration::from_millis(3));
+            release(std::mem::replace(&mut previous, batch));
+        }
+        release(previous);
+        let after = buffers::stats();
+        // Every buffer made was alive at once with the others, and the
+        // loader never had more than prefetch + 1 batches out.
+        assert!(after.fresh - before.fresh <= 4, "{before:?} -> {after:?}");
+        loader.close();
+        buffers::clear();
+    }
+
+    #[test]
     fn delivers_in_step_order_matching_the_sampler() {
         let config = LoaderConfig {
             batch_size: 7,
@@ -803,7 +858,13 @@ mod tests {
         .unwrap();
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(source.calls.load(Ordering::SeqCst), 3);
-        loader.next().unwrap().unwrap();
+        // The delivered batch keeps its slot until the next call.
+        let first = loader.next().unwrap().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(source.calls.load(Ordering::SeqCst), 3);
+        drop(first);
+        let second = loader.next().unwrap().unwrap();
+        assert_eq!(second.step, 1);
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(source.calls.load(Ordering::SeqCst), 4);
         loader.close();
