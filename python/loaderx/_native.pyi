@@ -73,7 +73,6 @@ class LoaderHandle:
         shard_index: int,
         shard_count: int,
         producers: int,
-        held_downstream: int = 0,
     ) -> None: ...
     def next(self) -> Optional[tuple[int, list[object]]]: ...
     @property

@@ -195,9 +195,6 @@ class DataLoader:
             self._shard_index,
             self._shard_count,
             2,
-            # Transform threads hold batches too; the native side keeps that
-            # many more batch buffers for reuse.
-            self._transform_workers if self._transform is not None else 0,
         )
         self._pipe = _Pipeline(core, self._names, self._transform, self._transform_workers, step)
         self._closed = False

@@ -40,7 +40,7 @@ pub struct LoaderHandle {
 impl LoaderHandle {
     /// Starts gathering `readers` (ReaderHandle objects) with numpy dtypes `dtypes`.
     #[new]
-    #[pyo3(signature = (readers, dtypes, packed, batch_size, mode, seed, start_step, prefetch, shard_index, shard_count, producers, held_downstream=0))]
+    #[pyo3(signature = (readers, dtypes, packed, batch_size, mode, seed, start_step, prefetch, shard_index, shard_count, producers))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -55,7 +55,6 @@ impl LoaderHandle {
         shard_index: u64,
         shard_count: u64,
         producers: usize,
-        held_downstream: usize,
     ) -> PyResult<Self> {
         if readers.len() != dtypes.len() || readers.len() != packed.len() {
             return Err(PyValueError::new_err(
@@ -89,7 +88,6 @@ impl LoaderHandle {
             shard_index,
             shard_count,
             producers,
-            held_downstream,
         };
         let loader = py.detach(|| Loader::new(sources, config)).py(py)?;
         Ok(LoaderHandle { loader, streams })

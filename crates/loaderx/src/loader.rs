@@ -216,10 +216,6 @@ pub struct LoaderConfig {
     pub shard_count: u64,
     /// Producer threads (at least 1; capped at `prefetch`).
     pub producers: usize,
-    /// Batches the consumer side may hold at once besides the one in use,
-    /// such as batches waiting for or inside transform threads. Only sizes
-    /// how many batch buffers are kept for reuse; it limits nothing.
-    pub held_downstream: usize,
 }
 
 impl Default for LoaderConfig {
@@ -233,7 +229,6 @@ impl Default for LoaderConfig {
             shard_index: 0,
             shard_count: 1,
             producers: 2,
-            held_downstream: 0,
         }
     }
 }
@@ -333,18 +328,15 @@ impl Shared {
 
 /// Reserves cache room for every batch buffer a loader can have in
 /// circulation: its slots, the consumer's previous batch while the next one
-/// is handed over, one to spare, and whatever the consumer side holds
-/// besides. Ragged batch sizes vary, so their estimate gets a quarter more.
+/// is handed over, and one to spare. Batches a consumer keeps beyond that
+/// (transform threads, say) fall to the cache's own bound. Ragged batch
+/// sizes vary, so their estimate gets a quarter more.
 fn reserve_buffers(
     sources: &[Arc<dyn Source>],
     rows: usize,
     config: &LoaderConfig,
 ) -> buffers::Reservation {
-    let in_flight = config
-        .prefetch
-        .max(2)
-        .saturating_add(config.held_downstream)
-        .saturating_add(2);
+    let in_flight = config.prefetch.max(2).saturating_add(2);
     let (mut entries, mut bytes) = (0usize, 0usize);
     for source in sources {
         let hint = source.batch_bytes_hint(rows);
@@ -653,16 +645,15 @@ mod tests {
         let config = LoaderConfig {
             batch_size: 4,
             prefetch: 3,
-            held_downstream: 2,
             ..LoaderConfig::default()
         };
         // One big source and one too small to matter.
         let sources: Vec<Arc<dyn Source>> = vec![Arc::new(Wide { width: 1 << 19 }), counting(64)];
         let mut loader = Loader::new(sources, config).unwrap();
-        // prefetch + held_downstream + 2 batches of the big source, a quarter extra in bytes.
+        // prefetch + 2 batches of the big source, a quarter extra in bytes.
         assert_eq!(
             buffers::limits(),
-            (entries + 7, bytes + 7 * (batch + batch / 4))
+            (entries + 5, bytes + 5 * (batch + batch / 4))
         );
 
         // The consumer takes three batches, then lets go of all three at
