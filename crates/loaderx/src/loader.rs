@@ -92,7 +92,7 @@ pub trait Source: Send + Sync {
     fn gather(&self, indices: &[u64]) -> Result<Column>;
     /// About how many bytes a gather of `rows` records allocates, so a
     /// [`Loader`] can keep that many bytes of batch buffers for reuse
-    /// (see [`buffers`](crate::buffers)). 0, the default, means unknown.
+    /// (see [`buffers`]). 0, the default, means unknown.
     fn batch_bytes_hint(&self, rows: usize) -> usize {
         let _ = rows;
         0
