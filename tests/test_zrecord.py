@@ -5,6 +5,8 @@ implementation under test is whatever ``import loaderx`` resolves to.
 """
 from __future__ import annotations
 
+import gc
+import warnings
 import zlib
 from pathlib import Path
 
@@ -303,6 +305,32 @@ def test_close_twice_is_harmless(tmp_path):
     assert len(r) == 0
     r.close()
     r.close()
+
+
+@pytest.mark.parametrize("cls", [Dense, Ragged])
+def test_an_unclosed_writer_warns_when_collected(tmp_path, cls):
+    args = (np.int8, (2,)) if cls is Dense else (np.int8,)
+    w = cls.create(tmp_path / "s", *args)
+    with pytest.warns(ResourceWarning, match=r"unclosed .* writer of .*: the store stays uncommitted"):
+        del w
+        gc.collect()
+    with pytest.raises(ZrecordError, match="never closed"):
+        cls.open(tmp_path / "s")
+
+
+def test_closed_writers_and_readers_do_not_warn(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        w = Dense.create(tmp_path / "d", np.int8, (2,))
+        w.append(np.ones((1, 2), np.int8))
+        w.close()
+        del w
+        r = Dense.open(tmp_path / "d")  # an open reader is dropped without close()
+        del r
+        with Ragged.create(tmp_path / "r", np.int8) as w:
+            w.append([np.ones(3, np.int8)])
+        del w
+        gc.collect()
 
 
 def test_writer_has_no_maintenance_api(tmp_path):

@@ -15,6 +15,7 @@ import functools
 import operator
 import os
 import pathlib
+import warnings
 from typing import Any, Iterable, Iterator, Sequence, TypeVar, Union
 
 import numpy as np
@@ -265,6 +266,22 @@ class _Store:
             self._writer.close(durable)
         elif self._reader is not None:
             self._reader.close()
+
+    def __del__(self) -> None:
+        # Like an unclosed file: a writer dropped without close() leaves an
+        # uncommitted store that open() refuses. Say so where Python shows
+        # ResourceWarning (python -X dev, -W default, pytest).
+        writer = getattr(self, "_writer", None)
+        if writer is not None and not writer.closed:
+            try:
+                warnings.warn(
+                    f"unclosed {self._describe()}: the store stays uncommitted and will not "
+                    f"open; call close() or create it in a `with` block",
+                    ResourceWarning,
+                    source=self,
+                )
+            except Exception:  # interpreter shutdown: nothing left to warn with
+                pass
 
     def __enter__(self: _S) -> _S:
         return self
