@@ -863,6 +863,33 @@ mod tests {
     }
 
     #[test]
+    fn prefetch_one_still_works_a_step_ahead() {
+        let source = Arc::new(Counting {
+            len: 1000,
+            fail_at: None,
+            calls: AtomicUsize::new(0),
+        });
+        let as_dyn: Arc<dyn Source> = source.clone();
+        let config = LoaderConfig {
+            batch_size: 4,
+            prefetch: 1,
+            mode: Mode::Sequential,
+            ..LoaderConfig::default()
+        };
+        let mut loader = Loader::new(vec![as_dyn], config).unwrap();
+        let first = loader.next().unwrap().unwrap();
+        // While the consumer holds step 0, step 1 is gathered, and no more.
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+        assert_eq!(first.indices, [0, 1, 2, 3]);
+        let second = loader.next().unwrap().unwrap();
+        assert_eq!(second.indices, [4, 5, 6, 7]);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(source.calls.load(Ordering::SeqCst), 3);
+        loader.close();
+    }
+
+    #[test]
     fn the_last_step_is_delivered_then_the_loader_ends() {
         let config = LoaderConfig {
             batch_size: 3,
