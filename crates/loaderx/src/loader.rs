@@ -603,6 +603,17 @@ mod tests {
         })
     }
 
+    /// A counting source, and the same as the loader takes it.
+    fn observed(len: u64) -> (Arc<Counting>, Arc<dyn Source>) {
+        let source = Arc::new(Counting {
+            len,
+            fail_at: None,
+            calls: AtomicUsize::new(0),
+        });
+        let as_dyn: Arc<dyn Source> = source.clone();
+        (source, as_dyn)
+    }
+
     fn values(batch: &Batch) -> Vec<u64> {
         match &batch.columns[0] {
             Column::Dense(d) => d
@@ -831,12 +842,7 @@ mod tests {
 
     #[test]
     fn prefetch_bounds_work_ahead() {
-        let source = Arc::new(Counting {
-            len: 1000,
-            fail_at: None,
-            calls: AtomicUsize::new(0),
-        });
-        let as_dyn: Arc<dyn Source> = source.clone();
+        let (source, as_dyn) = observed(1000);
         let mut loader = Loader::new(
             vec![as_dyn],
             LoaderConfig {
@@ -864,12 +870,7 @@ mod tests {
 
     #[test]
     fn prefetch_one_still_works_a_step_ahead() {
-        let source = Arc::new(Counting {
-            len: 1000,
-            fail_at: None,
-            calls: AtomicUsize::new(0),
-        });
-        let as_dyn: Arc<dyn Source> = source.clone();
+        let (source, as_dyn) = observed(1000);
         let config = LoaderConfig {
             batch_size: 4,
             prefetch: 1,
