@@ -107,7 +107,8 @@ class DataLoader:
     with the identity transform a ``for`` loop sees at most
     ``max(prefetch_size, 2) + 1``: the batch you were handed last counts
     against ``prefetch_size`` until you ask for the next one (so
-    ``prefetch_size=1`` still prepares one batch ahead).
+    ``prefetch_size=1`` still prepares one batch ahead). With a transform,
+    batches held by its workers count toward ``prefetch_size`` as well.
     Iteration never ends by itself; ``close()`` (or leaving a ``with`` block)
     stops it, and a consumer waiting on it then sees StopIteration. A failure
     in a gather or the transform is raised to the consumer and stops the loader.
@@ -191,7 +192,7 @@ class DataLoader:
             self._mode,
             self._seed,
             step,
-            self._prefetch_size,
+            self._native_prefetch(),
             self._shard_index,
             self._shard_count,
             2,
@@ -201,6 +202,16 @@ class DataLoader:
         # The pipeline's threads hold the pipeline, never the loader, so an
         # abandoned loader is collected and its threads told to stop.
         self._finalizer = weakref.finalize(self, self._pipe.shutdown, False)
+
+    def _native_prefetch(self) -> int:
+        # Transform workers hold batches too (being transformed, or done and
+        # waiting for their turn), so with a transform they count toward
+        # prefetch_size: the native stage keeps the rest, at least 2, and the
+        # two stages together still hold prefetch_size + 1 or more batches
+        # ahead of the consumer.
+        if self._transform is None:
+            return self._prefetch_size
+        return max(2, self._prefetch_size - self._transform_workers + 1)
 
     def __iter__(self) -> DataLoader:
         return self
