@@ -159,6 +159,18 @@ def assert_same_records(case, got):
 # reference-side scripts (run with the reference interpreter, -I)
 # --------------------------------------------------------------------------
 
+# loaderx 2.0.0 now and then dies with SIGSEGV while the interpreter tears
+# down (its native worker pool at exit), after the script's work is done and
+# reported. Every reference script therefore ends by flushing and leaving
+# with os._exit(0): a failure inside the script still exits non-zero, and a
+# teardown crash of the reference is not what these tests are about.
+REF_EXIT = textwrap.dedent("""
+    import os as _os, sys as _sys
+    _sys.stdout.flush()
+    _sys.stderr.flush()
+    _os._exit(0)
+""")
+
 REF_READ = textwrap.dedent("""
     import json, sys, traceback
     from pathlib import Path
@@ -187,7 +199,7 @@ REF_READ = textwrap.dedent("""
             results[name] = {"ok": False, "error": type(exc).__name__, "code": getattr(exc, "code", None),
                              "message": str(exc), "tb": traceback.format_exc()}
     (out / "results.json").write_text(json.dumps(results))
-""")
+""") + REF_EXIT
 
 REF_WRITE = textwrap.dedent("""
     import json, sys
@@ -223,7 +235,7 @@ REF_WRITE = textwrap.dedent("""
                 if len(data) > 1:
                     w.append(iter(data[1:]))
     print("done")
-""")
+""") + REF_EXIT
 
 REF_HOLD = textwrap.dedent("""
     import sys
@@ -240,7 +252,7 @@ REF_HOLD = textwrap.dedent("""
     sys.stdin.readline()
     h.close()
     print("CLOSED", flush=True)
-""")
+""") + REF_EXIT
 
 REF_TRY_OPEN = textwrap.dedent("""
     import json, sys
@@ -259,7 +271,7 @@ REF_TRY_OPEN = textwrap.dedent("""
         flat = recs.tolist() if kind == "dense" else [r.tolist() for r in recs]
         ds.close()
         print(json.dumps({"ok": True, "len": n, "records": flat}))
-""")
+""") + REF_EXIT
 
 
 def write_script(directory: Path, name: str, body: str) -> Path:
