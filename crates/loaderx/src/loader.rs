@@ -614,6 +614,17 @@ mod tests {
         (source, as_dyn)
     }
 
+    /// Waits (up to a generous guard) for `calls` to reach `want`, then
+    /// checks that it stays there: work ahead is bounded, not just slow.
+    fn settles_at(calls: &AtomicUsize, want: usize) {
+        let guard = Instant::now() + Duration::from_secs(10);
+        while calls.load(Ordering::SeqCst) < want && Instant::now() < guard {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(calls.load(Ordering::SeqCst), want);
+    }
+
     fn values(batch: &Batch) -> Vec<u64> {
         match &batch.columns[0] {
             Column::Dense(d) => d
@@ -853,17 +864,14 @@ mod tests {
             },
         )
         .unwrap();
-        std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(source.calls.load(Ordering::SeqCst), 3);
+        settles_at(&source.calls, 3);
         // The delivered batch keeps its slot until the next call.
         let first = loader.next().unwrap().unwrap();
-        std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(source.calls.load(Ordering::SeqCst), 3);
+        settles_at(&source.calls, 3);
         drop(first);
         let second = loader.next().unwrap().unwrap();
         assert_eq!(second.step, 1);
-        std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(source.calls.load(Ordering::SeqCst), 4);
+        settles_at(&source.calls, 4);
         loader.close();
         assert!(loader.next().is_none());
     }
@@ -880,13 +888,11 @@ mod tests {
         let mut loader = Loader::new(vec![as_dyn], config).unwrap();
         let first = loader.next().unwrap().unwrap();
         // While the consumer holds step 0, step 1 is gathered, and no more.
-        std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+        settles_at(&source.calls, 2);
         assert_eq!(first.indices, [0, 1, 2, 3]);
         let second = loader.next().unwrap().unwrap();
         assert_eq!(second.indices, [4, 5, 6, 7]);
-        std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(source.calls.load(Ordering::SeqCst), 3);
+        settles_at(&source.calls, 3);
         loader.close();
     }
 
