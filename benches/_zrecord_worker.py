@@ -126,7 +126,19 @@ class Source:
 # --------------------------------------------------------------------------- backends
 
 
-class LoaderxBackend:
+class _Backend:
+    """What every backend's writers share: an ``append`` method, then ``close``."""
+
+    @staticmethod
+    def appender(writer):
+        return writer.append
+
+    @staticmethod
+    def finish(writer) -> None:
+        writer.close()
+
+
+class LoaderxBackend(_Backend):
     """The loaderx that this interpreter imports, through its public API only."""
 
     def __init__(self):
@@ -151,14 +163,6 @@ class LoaderxBackend:
         if src.kind == "dense":
             return self.Dense.create(str(path), src.dtype, src.item_shape, codec=codec, dict_bytes=dict_bytes)
         return self.Ragged.create(str(path), src.dtype, codec=codec, dict_bytes=dict_bytes)
-
-    @staticmethod
-    def appender(writer):
-        return writer.append
-
-    @staticmethod
-    def finish(writer) -> None:
-        writer.close()
 
     def open(self, path: Path, src: Source):
         return (self.Dense if src.kind == "dense" else self.Ragged).open(str(path))
@@ -224,7 +228,7 @@ class _NpyRaggedWriter:
         del self.flat
 
 
-class NpyBackend:
+class NpyBackend(_Backend):
     """``np.load(mmap_mode='r')`` baseline (raw only)."""
 
     def info(self) -> dict:
@@ -233,14 +237,6 @@ class NpyBackend:
     def create(self, path: Path, src: Source, codec: str, dict_bytes):
         assert codec == "raw"
         return _NpyDenseWriter(path, src) if src.kind == "dense" else _NpyRaggedWriter(path, src)
-
-    @staticmethod
-    def appender(writer):
-        return writer.append
-
-    @staticmethod
-    def finish(writer) -> None:
-        writer.close()
 
     def open(self, path: Path, src: Source):
         if src.kind == "dense":
