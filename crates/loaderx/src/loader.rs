@@ -331,12 +331,8 @@ impl Shared {
 /// is handed over, and one to spare. Batches a consumer keeps beyond that
 /// (transform threads, say) fall to the cache's own bound. Ragged batch
 /// sizes vary, so their estimate gets a quarter more.
-fn reserve_buffers(
-    sources: &[Arc<dyn Source>],
-    rows: usize,
-    config: &LoaderConfig,
-) -> buffers::Reservation {
-    let in_flight = config.prefetch.max(2).saturating_add(2);
+fn reserve_buffers(sources: &[Arc<dyn Source>], rows: usize, slots: usize) -> buffers::Reservation {
+    let in_flight = slots.saturating_add(2);
     let (mut entries, mut bytes) = (0usize, 0usize);
     for source in sources {
         let hint = source.batch_bytes_hint(rows);
@@ -415,12 +411,14 @@ impl Loader {
         } else {
             lo + per_shard as usize
         };
-        let reservation = reserve_buffers(&sources, hi - lo, &config);
+        // A prefetch of 1 acts as 2 (see `LoaderConfig::prefetch`).
+        let slots = config.prefetch.max(2);
+        let reservation = reserve_buffers(&sources, hi - lo, slots);
         let shared = Arc::new(Shared {
             sources,
             sampler,
             shard: lo..hi,
-            capacity: config.prefetch.max(2) as u64,
+            capacity: slots as u64,
             state: Mutex::new(State {
                 next_claim: config.start_step as u128,
                 next_deliver: config.start_step as u128,
