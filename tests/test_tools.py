@@ -216,8 +216,8 @@ def test_info_json_and_text(stores):
     got = json.loads(ok(cli("info", "--json", stores["dense"], stores["ragged"], stores["dict"])).stdout)
     dense, ragged, zdict = got
     assert dense == {
-        "path": str(stores["dense"]), "kind": "Dense", "dtype": "float32", "item_shape": [3, 4],
-        "codec": "zstd", "records": 40, "logical_bytes": DENSE.nbytes,
+        "path": str(stores["dense"]), "kind": "Dense", "shards": 0, "dtype": "float32",
+        "item_shape": [3, 4], "codec": "zstd", "records": 40, "logical_bytes": DENSE.nbytes,
         "disk_bytes": _disk(stores["dense"]), "ratio": DENSE.nbytes / _disk(stores["dense"]),
         "dict_bytes": 0,
     }

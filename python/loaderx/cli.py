@@ -49,6 +49,7 @@ def _print_info(d: dict[str, Any]) -> None:
         ("dtype", d["dtype"]),
         ("item_shape", shape),
         ("codec", d["codec"]),
+        ("layout", f"store set of {d['shards']:,} shards" if d["shards"] else "one store"),
         ("records", f"{d['records']:,}"),
         ("logical", f"{_fmt_bytes(d['logical_bytes'])} ({d['logical_bytes']:,} bytes)"),
         ("on disk", f"{_fmt_bytes(d['disk_bytes'])} ({d['disk_bytes']:,} bytes)"),
@@ -129,6 +130,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         columns=args.columns,
         chunk_records=args.chunk_records,
         progress=not args.quiet,
+        shard_records=args.shard_records,
+        shard_bytes=args.shard_bytes,
     )
     if not args.quiet:
         for name, path in out.items():
@@ -224,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  loaderx info train/image train/label\n  loaderx info --json train/*",
         formatter_class=fmt,
     )
-    p.add_argument("paths", nargs="+", metavar="PATH", help="store directories")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="store or store-set directories, or object-storage URLs (s3://...)")
     p.add_argument("--json", action="store_true",
                    help="print a JSON list with one object per path (an 'error' object for a failed one)")
     p.set_defaults(func=_cmd_info)
@@ -240,7 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  loaderx verify train/image train/tokens",
         formatter_class=fmt,
     )
-    p.add_argument("paths", nargs="+", metavar="PATH", help="store directories")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="store or store-set directories, or object-storage URLs (s3://...)")
     p.add_argument("--json", action="store_true", help="print a JSON list of results")
     p.add_argument("--quiet", "-q", action="store_true", help="draw no progress line")
     p.set_defaults(func=_cmd_verify)
@@ -276,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--columns", metavar="a,b", help="comma-separated columns (or .npz arrays) to convert")
     p.add_argument("--chunk-records", metavar="N", type=int, default=None,
                    help="records per append (default: about 32 MiB of data)")
+    p.add_argument("--shard-records", metavar="N", type=_positive, default=None,
+                   help="write each store as a store set of shards of N records")
+    p.add_argument("--shard-bytes", metavar="N", type=_positive, default=None,
+                   help="write each store as a store set of shards of about N payload bytes")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress line and no summary")
     p.set_defaults(func=_cmd_convert)
     return parser

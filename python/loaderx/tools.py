@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 import os
@@ -41,7 +42,17 @@ import numpy as np
 
 from loaderx._progress import Progress, ProgressArg, make_progress
 from loaderx.utils import train_dict
-from loaderx.zrecord import CODECS, DICT_TIERS, Dense, Ragged, ZrecordError, _check_dtype
+from loaderx.zrecord import (
+    CODECS,
+    DICT_TIERS,
+    Dense,
+    Ragged,
+    StorageOptions,
+    ZrecordError,
+    _check_dtype,
+    _is_url,
+    _open_any,
+)
 
 __all__ = [
     "info",
@@ -65,9 +76,12 @@ EXTRA_HINT = "pip install 'loaderx[convert]'"
 _MiB = 1 << 20
 _CHUNK_BYTES = 32 * _MiB  # a conversion or verification chunk holds about this much data
 _MAX_CHUNK_RECORDS = 65536
-_STORE_FILES = ("meta.zr", "data.zr", "dict.zr")
-_PAGE = 4096  # meta.zr: header + schema page; the record table follows
-_LOC = np.dtype([("offset", "<u8"), ("phys_length", "<u4"), ("logic_length", "<u4")])
+
+
+#: Keyword arguments every store a conversion creates gets (the set layout):
+#: a context variable, so each converter builds its stores alike without the
+#: layout threaded through every helper's signature.
+_LAYOUT: contextvars.ContextVar[dict[str, int]] = contextvars.ContextVar("_LAYOUT", default={})
 
 
 class NotAStoreError(ValueError):
@@ -98,60 +112,43 @@ def _store_dirs_below(p: pathlib.Path) -> list[str]:
         return []
 
 
-def open_store(path: PathLike) -> Dense | Ragged:
-    """Opens the store at ``path`` read-only as whichever of Dense or Ragged it is.
+def open_store(path: PathLike, storage_options: StorageOptions | None = None) -> Dense | Ragged:
+    """Opens the store or store set at ``path`` (a local path or an
+    object-storage URL) read-only as whichever of Dense or Ragged it is.
 
     Raises FileNotFoundError for a missing path, :class:`NotAStoreError` for a
     file or a directory that is not a store, and ZrecordError for a damaged one.
     """
-    p = pathlib.Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"{p}: no such file or directory")
-    if not p.is_dir():
-        raise NotAStoreError(f"{p} is a file, not a store directory")
-    if not (p / "meta.zr").is_file():
-        inner = _store_dirs_below(p)
-        hint = ""
-        if inner:
-            shown = ", ".join(inner[:5]) + (", ..." if len(inner) > 5 else "")
-            hint = f"; it holds stores ({shown}): pass those paths instead"
-        raise NotAStoreError(f"{p} is not a Zrecord store (it has no meta.zr){hint}")
+    text = os.fspath(path)
+    if not _is_url(text):
+        p = pathlib.Path(text[len("file://"):] if text.startswith("file://") else text)
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: no such file or directory")
+        if not p.is_dir():
+            raise NotAStoreError(f"{p} is a file, not a store directory")
+        if not (p / "meta.zr").is_file() and not (p / "manifest.json").is_file():
+            inner = _store_dirs_below(p)
+            hint = ""
+            if inner:
+                shown = ", ".join(inner[:5]) + (", ..." if len(inner) > 5 else "")
+                hint = (f"; it holds stores ({shown}) but no manifest.json: pass those paths "
+                        "instead, or it is a store set whose writer never closed")
+            raise NotAStoreError(f"{p} is not a Zrecord store (it has no meta.zr){hint}")
     try:
-        return Dense.open(p)
-    except ValueError as e:
-        if "schema fields" not in str(e):
-            raise
-    try:
-        return Ragged.open(p)
-    except ValueError as e:
-        if "schema fields" not in str(e):
-            raise
-        raise NotAStoreError(f"{p}: the schema is neither a Dense nor a Ragged one ({e})") from None
+        return _open_any(text, storage_options=storage_options)
+    except ZrecordError:
+        raise
+    except ValueError as e:  # the engine's schema errors: neither kind
+        raise NotAStoreError(str(e)) from None
 
 
 def _kind(store: Dense | Ragged) -> str:
     return "Dense" if isinstance(store, Dense) else "Ragged"
 
 
-def _disk_bytes(path: pathlib.Path) -> int:
-    total = 0
-    for name in _STORE_FILES:
-        try:
-            total += (path / name).stat().st_size
-        except FileNotFoundError:
-            pass
-    return total
-
-
-def _logic_lengths(path: pathlib.Path, start: int, stop: int) -> np.ndarray:
-    """The stored (uncompressed) sizes of records ``start..stop``, from meta.zr's table."""
-    count = stop - start
-    with open(path / "meta.zr", "rb") as f:
-        f.seek(_PAGE + start * _LOC.itemsize)
-        table = np.fromfile(f, dtype=_LOC, count=count)
-    if table.shape[0] != count:
-        raise ZrecordError(f"{path}: meta.zr is shorter than its record table", -8)
-    return table["logic_length"].astype(np.int64)
+def _logic_lengths(store: Dense | Ragged, start: int, stop: int) -> np.ndarray:
+    """The stored (uncompressed) sizes of records ``start..stop``, from the record table."""
+    return store._reader.logical_sizes(start, stop)
 
 
 def _logical_bytes(store: Dense | Ragged) -> int:
@@ -161,17 +158,18 @@ def _logical_bytes(store: Dense | Ragged) -> int:
     total = 0
     step = 1 << 20
     for start in range(0, n, step):
-        total += int(_logic_lengths(store.path, start, min(n, start + step)).sum())
+        total += int(_logic_lengths(store, start, min(n, start + step)).sum())
     return total
 
 
 def _describe(store: Dense | Ragged) -> dict[str, Any]:
     logical = _logical_bytes(store)
-    disk = _disk_bytes(store.path)
+    disk = store._reader.disk_bytes
     blob = store.dict_bytes() if store.has_dict() else None
     return {
         "path": str(store.path),
         "kind": _kind(store),
+        "shards": len(store.shards),
         "dtype": str(store.dtype),
         "item_shape": list(store.item_shape) if isinstance(store, Dense) else None,
         "codec": store.codec,
@@ -183,17 +181,18 @@ def _describe(store: Dense | Ragged) -> dict[str, Any]:
     }
 
 
-def info(path: PathLike) -> dict[str, Any]:
-    """Describes the store at ``path``.
+def info(path: PathLike, storage_options: StorageOptions | None = None) -> dict[str, Any]:
+    """Describes the store or store set at ``path`` (local, or an object-storage URL).
 
     Returns a JSON-ready dict: ``path``, ``kind`` (``"Dense"``/``"Ragged"``),
+    ``shards`` (the shard count of a store set, 0 for a plain store),
     ``dtype``, ``item_shape`` (a list; None for Ragged), ``codec``,
     ``records``, ``logical_bytes`` (the records' uncompressed sizes as
     stored; a Ragged record counts its shape prefix too), ``disk_bytes``
-    (meta.zr + data.zr + dict.zr), ``ratio`` (logical / on disk) and
-    ``dict_bytes`` (dictionary size, 0 without one).
+    (meta.zr + data.zr + dict.zr of every shard), ``ratio`` (logical / on
+    disk) and ``dict_bytes`` (dictionary size, 0 without one).
     """
-    with open_store(path) as store:
+    with open_store(path, storage_options) as store:
         return _describe(store)
 
 
@@ -227,7 +226,7 @@ def _chunks_of(store: Dense | Ragged, start: int, stop: int) -> Iterator[tuple[i
         return
     for block in range(start, stop, _MAX_CHUNK_RECORDS):
         end = min(stop, block + _MAX_CHUNK_RECORDS)
-        ends = np.cumsum(_logic_lengths(store.path, block, end))
+        ends = np.cumsum(_logic_lengths(store, block, end))
         a = block
         while a < end:
             base = int(ends[a - block - 1]) if a > block else 0
@@ -260,8 +259,10 @@ def _error_text(e: BaseException) -> str:
     return f"{text} (code {code})" if isinstance(code, int) else text
 
 
-def verify(path: PathLike, progress: ProgressArg = None) -> VerifyResult:
-    """Opens the store at ``path`` and decodes every record, in chunks.
+def verify(
+    path: PathLike, progress: ProgressArg = None, storage_options: StorageOptions | None = None
+) -> VerifyResult:
+    """Opens the store or store set at ``path`` and decodes every record, in chunks.
 
     Decoding checks each record against the schema natively (frame sizes,
     Ragged shape prefixes, dictionary). Returns a :class:`VerifyResult`;
@@ -269,9 +270,9 @@ def verify(path: PathLike, progress: ProgressArg = None) -> VerifyResult:
     directory that is not a store, a store that does not open, or a record
     that does not decode (``first_bad_index`` is then its index).
     """
-    p = pathlib.Path(path)
+    p = os.fspath(path)
     try:
-        store = open_store(p)
+        store = open_store(p, storage_options)
     except Exception as e:  # every failure to open is a finding, not a crash
         return VerifyResult(str(p), False, None, None, _error_text(e))
     with store:
@@ -442,7 +443,7 @@ def _write_array_chunks(
         else:
             blob = _dict_for_rows(chunks(), total, width, tier, what)
     try:
-        writer = Dense.create(target, dtype, item_shape, codec=codec, dict_bytes=blob)
+        writer = Dense.create(target, dtype, item_shape, codec=codec, dict_bytes=blob, **_LAYOUT.get())
     except ValueError as e:
         raise UnsupportedColumnError(f"unsupported column type: {what}: {e}") from None
     meter = make_progress(progress, total, f"convert {what}")
@@ -591,9 +592,11 @@ def _convert_store(
             raise ConvertError(f"{what} has no records to train a zstd dictionary on")
         blob = _train(src, tier, what)
     if isinstance(src, Dense):
-        writer: Dense | Ragged = Dense.create(target, src.dtype, src.item_shape, codec=codec, dict_bytes=blob)
+        writer: Dense | Ragged = Dense.create(
+            target, src.dtype, src.item_shape, codec=codec, dict_bytes=blob, **_LAYOUT.get()
+        )
     else:
-        writer = Ragged.create(target, src.dtype, codec=codec, dict_bytes=blob)
+        writer = Ragged.create(target, src.dtype, codec=codec, dict_bytes=blob, **_LAYOUT.get())
     meter = make_progress(progress, n, f"convert {what}")
     try:
         with writer:
@@ -956,10 +959,11 @@ def _write_tabular(source: Any, plans: dict[str, _ColumnPlan], targets: _Targets
             try:
                 if plan.kind == "dense":
                     writers[name] = Dense.create(target, plan.dtype, plan.item_shape,  # type: ignore[arg-type]
-                                                 codec=codec, dict_bytes=plan.dict_bytes)
+                                                 codec=codec, dict_bytes=plan.dict_bytes,
+                                                 **_LAYOUT.get())
                 else:
                     writers[name] = Ragged.create(target, plan.dtype, codec=codec,
-                                                  dict_bytes=plan.dict_bytes)
+                                                  dict_bytes=plan.dict_bytes, **_LAYOUT.get())
             except ValueError as e:
                 raise UnsupportedColumnError(f"unsupported column type: column {name!r}: {e}") from None
             out[name] = target
@@ -1080,6 +1084,9 @@ def convert(
     columns: str | Sequence[str] | None = None,
     chunk_records: int | None = None,
     progress: ProgressArg = None,
+    *,
+    shard_records: int | None = None,
+    shard_bytes: int | None = None,
 ) -> dict[str, pathlib.Path]:
     """Builds stores from ``src`` and returns ``{name: store path}``.
 
@@ -1109,7 +1116,10 @@ def convert(
     comma-separated string) selects columns or arrays. ``chunk_records`` bounds
     the records written per append (default: about 32 MiB of data).
     ``progress``: True draws a progress line on stderr when it is a terminal;
-    a callable is called as ``progress(done, total)``.
+    a callable is called as ``progress(done, total)``. ``shard_records`` /
+    ``shard_bytes`` make every output a store set of shards of that many
+    records / payload bytes (see :meth:`loaderx.zrecord.Dense.create`); a
+    store set is accepted as ``src`` like a store.
 
     Record order and values are kept exactly. Parquet/Arrow/datasets need the
     optional extra: ``pip install 'loaderx[convert]'`` (else
@@ -1129,6 +1139,24 @@ def convert(
     cols = _parse_columns(columns)
     dst = pathlib.Path(dst)
     args = (codec, tier)
+    layout = {"shard_records": shard_records, "shard_bytes": shard_bytes}
+    token = _LAYOUT.set({k: v for k, v in layout.items() if v is not None})
+    try:
+        return _convert(src, dst, args, key, cols, chunk_records, progress)
+    finally:
+        _LAYOUT.reset(token)
+
+
+def _convert(
+    src: Any,
+    dst: pathlib.Path,
+    args: tuple[str, str],
+    key: str | None,
+    cols: list[str] | None,
+    chunk_records: int | None,
+    progress: ProgressArg,
+) -> dict[str, pathlib.Path]:
+    codec, tier = args
 
     if isinstance(src, (Dense, Ragged)):
         if src.writable or src.closed:
@@ -1139,7 +1167,7 @@ def convert(
         except BaseException:
             targets.discard()
             raise
-        return {src.path.name: dst}
+        return {pathlib.PurePosixPath(str(src.path)).name: dst}
     if isinstance(src, np.ndarray):
         targets = _Targets(dst, None)
         try:
@@ -1169,9 +1197,9 @@ def convert(
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file or directory")
     if p.is_dir():
-        if (p / "meta.zr").is_file():
+        if (p / "meta.zr").is_file() or (p / "manifest.json").is_file():
             with open_store(p) as store:
-                return convert(store, dst, codec, tier, chunk_records=chunk_records, progress=progress)
+                return _convert(store, dst, args, None, None, chunk_records, progress)
         if _is_hf_dir(p):
             datasets = _import_datasets(f"reading {p} (a Hugging Face dataset)")
             try:

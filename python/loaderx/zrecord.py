@@ -16,7 +16,7 @@ import operator
 import os
 import pathlib
 import warnings
-from typing import Any, Iterable, Iterator, Sequence, TypeVar, Union
+from typing import Any, Iterable, Iterator, Mapping, Sequence, TypeVar, Union
 
 import numpy as np
 
@@ -39,6 +39,7 @@ CODECS = ("raw", "zstd", "zstd_dict")
 _MAX_RECORD_BYTES = 1 << 31
 
 PathLike = Union[str, "os.PathLike[str]"]
+StorageOptions = Mapping[str, Union[str, int, float, bool]]
 Index = Union[int, slice, Sequence[int], np.ndarray]
 _S = TypeVar("_S", bound="_Store")
 
@@ -96,6 +97,58 @@ def _check_codec(codec: str, dict_bytes: Any) -> bytes | None:
     if dict_bytes is not None:
         raise ValueError(f"dict_bytes is only used with codec 'zstd_dict', not {codec!r}")
     return None
+
+
+def _is_url(path: str) -> bool:
+    """Whether ``path`` names object storage (``s3://``, ``gs://``, ...); ``file://`` is local."""
+    scheme, sep, _ = path.partition("://")
+    return bool(sep) and scheme.replace("+", "").replace("-", "").isalnum() and scheme != "file"
+
+
+def _location(path: PathLike) -> tuple[str, pathlib.Path | str]:
+    """The string handed to the engine and the ``path`` attribute: a
+    ``pathlib.Path`` for local stores, the URL itself for object storage."""
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise TypeError(f"a store path must be a str or os.PathLike[str], got {type(path).__name__}")
+    if _is_url(text):
+        return text, text
+    return text, pathlib.Path(text[len("file://"):] if text.startswith("file://") else text)
+
+
+def _open_any(
+    path: PathLike, *, data_access: str | None = None, storage_options: StorageOptions | None = None
+) -> Dense | Ragged:
+    """Opens the store or store set at ``path`` read-only as whichever of
+    :class:`Dense` or :class:`Ragged` it is (the engine reads its schema)."""
+    if data_access not in (None, "auto", "read", "map"):
+        raise ValueError(f"data_access must be 'auto', 'read' or 'map', got {data_access!r}")
+    text, shown = _location(path)
+    options = _storage_options(storage_options)
+    kind, handle = _native.ReaderHandle.open_any(text, data_access, options)
+    cls: type[Dense] | type[Ragged] = Dense if kind == "dense" else Ragged
+    return cls._adopt(handle, shown, options)
+
+
+def _storage_options(options: StorageOptions | None) -> dict[str, Any] | None:
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise TypeError(f"storage_options must be a dict of str to str, got {type(options).__name__}")
+    for key in options:
+        if not isinstance(key, str):
+            raise TypeError(f"storage_options keys must be str, got {key!r}")
+    return dict(options)
+
+
+def _shard_limit(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a positive int, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return int(value)
 
 
 def _slice_indices(key: slice, n: int) -> np.ndarray:
@@ -166,7 +219,7 @@ class _Store:
     """Shared lifecycle of Dense and Ragged: writer/reader roles, close, with."""
 
     _kind: str = ""
-    __slots__ = ("_path", "_dtype", "_codec", "_writer", "_reader", "_has_dict")
+    __slots__ = ("_path", "_dtype", "_codec", "_writer", "_reader", "_has_dict", "_storage_options")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         name = type(self).__name__
@@ -176,41 +229,87 @@ class _Store:
         )
 
     @classmethod
-    def _writer_of(cls: type[_S], path: PathLike, dtype: np.dtype, item_shape, codec, dict_bytes) -> _S:
+    def _writer_of(
+        cls: type[_S],
+        path: PathLike,
+        dtype: np.dtype,
+        item_shape: list[int] | None,
+        codec: str,
+        dict_bytes: bytes | None,
+        shard_records: Any = None,
+        shard_bytes: Any = None,
+        storage_options: StorageOptions | None = None,
+    ) -> _S:
+        text, shown = _location(path)
+        records = _shard_limit("shard_records", shard_records)
+        nbytes = _shard_limit("shard_bytes", shard_bytes)
+        options = _storage_options(storage_options)
         self = object.__new__(cls)
-        self._path = pathlib.Path(path)
+        self._path = shown
         self._dtype = dtype
         self._codec = codec
         self._reader = None
+        self._storage_options = options
         self._writer = _native.WriterHandle.create(
-            os.fspath(path), cls._kind, dtype.str, item_shape, codec, dict_bytes
+            text, cls._kind, dtype.str, item_shape, codec, dict_bytes, records, nbytes, options
         )
         self._has_dict = dict_bytes is not None
         return self
 
     @classmethod
-    def _reader_of(cls: type[_S], path: PathLike, data_access: str | None) -> _S:
+    def _reader_of(
+        cls: type[_S],
+        path: PathLike,
+        data_access: str | None,
+        storage_options: StorageOptions | None = None,
+    ) -> _S:
         if data_access not in (None, "auto", "read", "map"):
             raise ValueError(f"data_access must be 'auto', 'read' or 'map', got {data_access!r}")
+        text, shown = _location(path)
+        options = _storage_options(storage_options)
+        handle = _native.ReaderHandle.open(text, cls._kind, data_access, options)
+        return cls._adopt(handle, shown, options)
+
+    @classmethod
+    def _adopt(
+        cls: type[_S], handle: Any, shown: pathlib.Path | str, options: dict[str, Any] | None
+    ) -> _S:
+        """Wraps an open native reader of this kind."""
         self = object.__new__(cls)
-        handle = _native.ReaderHandle.open(os.fspath(path), cls._kind, data_access)
-        self._path = pathlib.Path(path)
+        self._path = shown
+        self._storage_options = options
         try:
             self._dtype = _check_dtype(handle.dtype)
         except (TypeError, ValueError) as e:
             handle.close()
-            raise ZrecordError(f"{path}: stored dtype {handle.dtype!r} is not usable: {e}", -8) from None
+            raise ZrecordError(f"{shown}: stored dtype {handle.dtype!r} is not usable: {e}", -8) from None
         self._codec = handle.codec
         self._has_dict = handle.has_dict()
         self._writer = None
         self._reader = handle
+        if handle.item_shape is not None:
+            self._item_shape = tuple(int(d) for d in handle.item_shape)
         return self
 
     # -- attributes ---------------------------------------------------------
     @property
-    def path(self) -> pathlib.Path:
-        """The store directory."""
+    def path(self) -> pathlib.Path | str:
+        """The store directory (a ``pathlib.Path``), or its URL for a store
+        in object storage."""
         return self._path
+
+    @property
+    def shards(self) -> list[dict[str, Any]]:
+        """The shards of a store set, in record order, each as
+        ``{"path", "records", "data_bytes"}`` (``path`` relative to the set);
+        an empty list for a plain store. Writers list the shards committed
+        so far."""
+        handle = self._writer if self._writer is not None else self._reader
+        if handle is None or handle.closed:
+            raise RuntimeError(f"{self._describe()} is closed")
+        return [
+            {"path": p, "records": n, "data_bytes": b} for p, n, b in handle.shards()
+        ]
 
     @property
     def dtype(self) -> np.dtype:
@@ -230,8 +329,8 @@ class _Store:
 
     @property
     def data_access(self) -> str:
-        """How a reader gets at its records: ``"map"`` (a read-only memory map)
-        or ``"read"`` (positional reads)."""
+        """How a reader gets at its records: ``"map"`` (a read-only memory map),
+        ``"read"`` (positional reads) or ``"remote"`` (object storage)."""
         return self._require_reader().data_access
 
     @property
@@ -294,7 +393,12 @@ class _Store:
         # path and is reopened there; a writer is tied to its process.
         if self._reader is None or self._reader.closed:
             raise TypeError(f"only open readers can be pickled, not {self._describe()}")
-        reopen = functools.partial(type(self).open, data_access=self._reader.data_access)
+        access = self._reader.data_access
+        reopen = functools.partial(
+            type(self).open,
+            data_access=None if access == "remote" else access,
+            storage_options=self._storage_options,
+        )
         return (reopen, (self._path,))
 
     def _describe(self) -> str:
@@ -391,30 +495,51 @@ class Dense(_Store):
         item_shape: Iterable[int],
         codec: str = "zstd",
         dict_bytes: bytes | None = None,
+        *,
+        shard_records: int | None = None,
+        shard_bytes: int | None = None,
+        storage_options: StorageOptions | None = None,
     ) -> Dense:
-        """Creates a new Dense store at ``path`` (a new or empty directory) and
+        """Creates a new Dense store at ``path`` (a new or empty directory, or
+        an empty object-storage prefix such as ``s3://bucket/train``) and
         returns its append-only writer. ``codec`` is ``"raw"``, ``"zstd"``
-        (default) or ``"zstd_dict"`` (which needs ``dict_bytes``)."""
+        (default) or ``"zstd_dict"`` (which needs ``dict_bytes``).
+
+        With ``shard_records`` and/or ``shard_bytes`` the writer builds a
+        store set: it starts a new shard (a plain store) whenever the current
+        one holds that many records or payload bytes, and ``close()`` writes
+        the set's manifest last. ``storage_options`` configures object
+        storage (see docs/scale.md); the standard environment variables
+        apply otherwise."""
         dt = _check_dtype(dtype)
         shape = _check_item_shape(item_shape, dt)
         blob = _check_codec(codec, dict_bytes)
-        self = cls._writer_of(path, dt, list(shape), codec, blob)
+        self = cls._writer_of(
+            path, dt, list(shape), codec, blob, shard_records, shard_bytes, storage_options
+        )
         self._item_shape = shape
         return self
 
     @classmethod
-    def open(cls, path: PathLike, *, data_access: str | None = None) -> Dense:
-        """Opens the committed Dense store at ``path`` read-only.
+    def open(
+        cls,
+        path: PathLike,
+        *,
+        data_access: str | None = None,
+        storage_options: StorageOptions | None = None,
+    ) -> Dense:
+        """Opens the committed Dense store, or store set, at ``path`` (a local
+        path or an object-storage URL) read-only.
 
         ``data_access`` picks how records are read: ``"map"`` memory-maps the
         payload (no system call per record; the pages read count in the
         process's RSS), ``"read"`` uses positional reads (the page cache serves
         them), ``"auto"`` maps raw stores of small records and reads the rest.
         Default: the ``LOADERX_DATA_ACCESS`` environment variable, else auto.
+        Object storage is read with concurrent, merged range requests;
+        ``storage_options`` configures it.
         """
-        self = cls._reader_of(path, data_access)
-        self._item_shape = tuple(int(d) for d in self._reader.item_shape)
-        return self
+        return cls._reader_of(path, data_access, storage_options)
 
     @property
     def item_shape(self) -> tuple[int, ...]:
@@ -479,18 +604,32 @@ class Ragged(_Store):
         dtype: Any,
         codec: str = "zstd",
         dict_bytes: bytes | None = None,
+        *,
+        shard_records: int | None = None,
+        shard_bytes: int | None = None,
+        storage_options: StorageOptions | None = None,
     ) -> Ragged:
-        """Creates a new Ragged store at ``path`` (a new or empty directory) and
-        returns its append-only writer."""
+        """Creates a new Ragged store at ``path`` (a new or empty directory, or
+        an empty object-storage prefix) and returns its append-only writer
+        (``shard_records``, ``shard_bytes`` and ``storage_options`` as for
+        :meth:`Dense.create`)."""
         dt = _check_dtype(dtype)
         blob = _check_codec(codec, dict_bytes)
-        return cls._writer_of(path, dt, None, codec, blob)
+        return cls._writer_of(
+            path, dt, None, codec, blob, shard_records, shard_bytes, storage_options
+        )
 
     @classmethod
-    def open(cls, path: PathLike, *, data_access: str | None = None) -> Ragged:
-        """Opens the committed Ragged store at ``path`` read-only
-        (``data_access`` as for :meth:`Dense.open`)."""
-        return cls._reader_of(path, data_access)
+    def open(
+        cls,
+        path: PathLike,
+        *,
+        data_access: str | None = None,
+        storage_options: StorageOptions | None = None,
+    ) -> Ragged:
+        """Opens the committed Ragged store, or store set, at ``path`` read-only
+        (``data_access`` and ``storage_options`` as for :meth:`Dense.open`)."""
+        return cls._reader_of(path, data_access, storage_options)
 
     def append(self, records: Iterable[np.ndarray]) -> None:
         """Appends every array of ``records`` (any iterable, consumed once), each

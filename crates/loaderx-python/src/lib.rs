@@ -20,6 +20,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrays::BatchBuffer>()?;
     m.add_function(wrap_pyfunction!(cached_batch_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(batch_buffer_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(remote_stats, m)?)?;
     store::register(m)?;
     dict::register(m)?;
     loader::register(m)?;
@@ -39,6 +40,14 @@ fn cached_batch_bytes() -> usize {
 fn batch_buffer_stats() -> (u64, u64) {
     let s = loaderx::buffers::stats();
     (s.reused, s.fresh)
+}
+
+/// `(requests, bytes)`: object-storage read requests made and bytes
+/// received so far in this process.
+#[pyfunction]
+fn remote_stats() -> (u64, u64) {
+    let s = loaderx::remote::stats();
+    (s.requests, s.bytes)
 }
 
 /// Number of threads in the process-wide worker pool.

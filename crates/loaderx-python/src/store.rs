@@ -5,11 +5,14 @@
 //! format requires); readers behind an `Arc`, so `close()` never frees a map
 //! that a gather on another thread is still reading.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 
+use loaderx::remote::StorageOptions;
 use loaderx::schema::{DType, Kind, Schema};
-use loaderx::store::{CreateOptions, DataAccess, RaggedRecord, StoreReader, StoreWriter};
+use loaderx::store::{
+    DataAccess, DatasetWriter, RaggedRecord, Sharding, StoreReader, WriteOptions,
+};
 use loaderx::{Codec, Error};
 use numpy::npyffi::npy_intp;
 use numpy::{
@@ -42,26 +45,50 @@ fn closed_error(what: &str) -> PyErr {
     PyRuntimeError::new_err(format!("{what} is closed"))
 }
 
+/// Storage options as the engine takes them: every value a string.
+fn storage_options(
+    options: Option<BTreeMap<String, Bound<'_, PyAny>>>,
+) -> PyResult<StorageOptions> {
+    let mut out = StorageOptions::new();
+    for (key, value) in options.into_iter().flatten() {
+        let text = if let Ok(b) = value.extract::<bool>() {
+            // Python's True/False; object_store reads "true"/"false".
+            b.to_string()
+        } else {
+            value.str()?.to_string()
+        };
+        out.insert(key, text);
+    }
+    Ok(out)
+}
+
 /// Native writer handle.
 #[pyclass(frozen, module = "loaderx._native")]
 pub struct WriterHandle {
-    inner: Mutex<Option<StoreWriter>>,
+    inner: Mutex<Option<DatasetWriter>>,
 }
 
 #[pymethods]
 impl WriterHandle {
-    /// Creates a store. `item_shape` is given for Dense stores only.
+    /// Creates a store, or a store set when `shard_records` or
+    /// `shard_bytes` is given. `item_shape` is given for Dense stores only;
+    /// `path` is a local path or an object-storage URL.
     #[staticmethod]
-    #[pyo3(signature = (path, kind, dtype, item_shape, codec, dict_bytes=None))]
+    #[pyo3(signature = (path, kind, dtype, item_shape, codec, dict_bytes=None, shard_records=None, shard_bytes=None, storage_options=None))]
+    #[allow(clippy::too_many_arguments)]
     fn create(
         py: Python<'_>,
-        path: PathBuf,
+        path: String,
         kind: &str,
         dtype: &str,
         item_shape: Option<Vec<u64>>,
         codec: &str,
         dict_bytes: Option<&Bound<'_, PyBytes>>,
+        shard_records: Option<u64>,
+        shard_bytes: Option<u64>,
+        storage_options: Option<BTreeMap<String, Bound<'_, PyAny>>>,
     ) -> PyResult<Self> {
+        let storage = self::storage_options(storage_options)?;
         let kind = parse_kind(kind)?;
         let codec = Codec::from_name(codec).py(py)?;
         let dtype = DType::parse(dtype).py(py)?;
@@ -75,8 +102,18 @@ impl WriterHandle {
             }
         };
         let dict = dict_bytes.map(|b| b.as_bytes().to_vec());
+        let sharding = (shard_records.is_some() || shard_bytes.is_some()).then_some(Sharding {
+            records: shard_records,
+            bytes: shard_bytes,
+        });
+        let options = WriteOptions {
+            codec,
+            dict,
+            sharding,
+            storage,
+        };
         let writer = py
-            .detach(|| StoreWriter::create(&path, schema, CreateOptions { codec, dict }))
+            .detach(|| DatasetWriter::create(&path, schema, options))
             .py(py)?;
         Ok(WriterHandle {
             inner: Mutex::new(Some(writer)),
@@ -196,13 +233,26 @@ impl WriterHandle {
     fn closed(&self) -> bool {
         self.inner.lock().expect("writer lock poisoned").is_none()
     }
+
+    /// Shards committed so far, as `(path, records, data_bytes)`.
+    fn shards(&self) -> PyResult<Vec<(String, u64, u64)>> {
+        let guard = self.inner.lock().expect("writer lock poisoned");
+        match guard.as_ref() {
+            Some(w) => Ok(w
+                .shards()
+                .iter()
+                .map(|s| (s.path.clone(), s.records, s.data_bytes))
+                .collect()),
+            None => Err(closed_error("the writer")),
+        }
+    }
 }
 
 impl WriterHandle {
     fn with_writer<T: Send>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&mut StoreWriter) -> Result<T, Error> + Send,
+        f: impl FnOnce(&mut DatasetWriter) -> Result<T, Error> + Send,
     ) -> PyResult<T> {
         let inner = &self.inner;
         let result = py.detach(|| {
@@ -230,45 +280,65 @@ pub struct ReaderHandle {
 
 #[pymethods]
 impl ReaderHandle {
-    /// Opens a committed store as `kind` ("dense" or "ragged"); `data_access`
-    /// is "auto", "read" or "map" (None: `LOADERX_DATA_ACCESS`, else auto).
+    /// Opens a committed store (or store set) as `kind` ("dense" or
+    /// "ragged"); `data_access` is "auto", "read" or "map" (None:
+    /// `LOADERX_DATA_ACCESS`, else auto).
     #[staticmethod]
-    #[pyo3(signature = (path, kind, data_access=None))]
+    #[pyo3(signature = (path, kind, data_access=None, storage_options=None))]
     fn open(
         py: Python<'_>,
-        path: PathBuf,
+        path: String,
         kind: &str,
         data_access: Option<&str>,
+        storage_options: Option<BTreeMap<String, Bound<'_, PyAny>>>,
     ) -> PyResult<Self> {
+        let storage = self::storage_options(storage_options)?;
         let kind = parse_kind(kind)?;
-        let access = match data_access {
-            None => DataAccess::from_env(),
-            Some("auto") => DataAccess::Auto,
-            Some("read") => DataAccess::Read,
-            Some("map") => DataAccess::Map,
-            Some(other) => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown data_access {other:?}: expected \"auto\", \"read\" or \"map\""
-                )))
-            }
-        };
+        let access = parse_access(data_access)?;
         let reader = py
-            .detach(|| StoreReader::open_with(&path, kind, access))
+            .detach(|| StoreReader::open_location(&path, kind, access, &storage))
             .py(py)?;
-        let schema = reader.schema().clone();
-        let item_shape = match &schema {
-            Schema::Dense { item_shape, .. } => Some(item_shape.clone()),
-            Schema::Ragged { .. } => None,
+        Ok(Self::of(reader))
+    }
+
+    /// Opens whichever kind of store is at `path`: `(kind, handle)`.
+    #[staticmethod]
+    #[pyo3(signature = (path, data_access=None, storage_options=None))]
+    fn open_any(
+        py: Python<'_>,
+        path: String,
+        data_access: Option<&str>,
+        storage_options: Option<BTreeMap<String, Bound<'_, PyAny>>>,
+    ) -> PyResult<(&'static str, Self)> {
+        let storage = self::storage_options(storage_options)?;
+        let access = parse_access(data_access)?;
+        let (kind, reader) = py
+            .detach(|| StoreReader::probe_kind(&path, access, &storage))
+            .py(py)?;
+        let name = match kind {
+            Kind::Dense => "dense",
+            Kind::Ragged => "ragged",
         };
-        Ok(ReaderHandle {
-            dtype: schema.dtype().descr().to_owned(),
-            item_shape,
-            width: schema.record_width().unwrap_or(0) as usize,
-            codec: reader.codec(),
-            length: reader.len(),
-            has_dict: reader.dict_bytes().is_some(),
-            inner: RwLock::new(Some(Arc::new(reader))),
-        })
+        Ok((name, Self::of(reader)))
+    }
+
+    /// Bytes the store takes in storage (every shard's files).
+    #[getter]
+    fn disk_bytes(&self) -> PyResult<u64> {
+        Ok(self.reader()?.disk_bytes())
+    }
+
+    /// The logical sizes of records `start..stop`, from the record table.
+    fn logical_sizes<'py>(
+        &self,
+        py: Python<'py>,
+        start: u64,
+        stop: u64,
+    ) -> PyResult<Bound<'py, numpy::PyArray1<i64>>> {
+        let reader = self.reader()?;
+        let sizes = py.detach(|| reader.logical_sizes(start..stop)).py(py)?;
+        let sizes: Vec<i64> = sizes.into_iter().map(i64::from).collect();
+        Ok(numpy::PyArray1::from_vec(py, sizes))
     }
 
     /// The stored dtype string (`dtype.str`).
@@ -289,13 +359,36 @@ impl ReaderHandle {
         self.codec.name()
     }
 
-    /// "map" or "read": how this reader gets at data.zr.
+    /// "map", "read" or "remote": how this reader gets at data.zr.
     #[getter]
     fn data_access(&self) -> PyResult<&'static str> {
-        Ok(match self.reader()?.data_access() {
+        let reader = self.reader()?;
+        Ok(match reader.data_access() {
+            _ if reader.is_remote() => "remote",
             DataAccess::Map => "map",
             _ => "read",
         })
+    }
+
+    /// The path or URL the store was opened at (URLs without credentials).
+    #[getter]
+    fn location(&self) -> PyResult<String> {
+        Ok(self.reader()?.location().to_owned())
+    }
+
+    /// The shards of a store set as `(path, records, data_bytes)`; empty for
+    /// a plain store.
+    fn shards(&self) -> PyResult<Vec<(String, u64, u64)>> {
+        Ok(self
+            .reader()?
+            .manifest()
+            .map(|m| {
+                m.shards
+                    .iter()
+                    .map(|s| (s.path.clone(), s.records, s.data_bytes))
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 
     /// Bytes per Dense record (0 for Ragged).
@@ -383,7 +476,38 @@ impl ReaderHandle {
     }
 }
 
+fn parse_access(data_access: Option<&str>) -> PyResult<DataAccess> {
+    Ok(match data_access {
+        None => DataAccess::from_env(),
+        Some("auto") => DataAccess::Auto,
+        Some("read") => DataAccess::Read,
+        Some("map") => DataAccess::Map,
+        Some(other) => {
+            return Err(PyValueError::new_err(format!(
+                "unknown data_access {other:?}: expected \"auto\", \"read\" or \"map\""
+            )))
+        }
+    })
+}
+
 impl ReaderHandle {
+    fn of(reader: StoreReader) -> Self {
+        let schema = reader.schema().clone();
+        let item_shape = match &schema {
+            Schema::Dense { item_shape, .. } => Some(item_shape.clone()),
+            Schema::Ragged { .. } => None,
+        };
+        ReaderHandle {
+            dtype: schema.dtype().descr().to_owned(),
+            item_shape,
+            width: schema.record_width().unwrap_or(0) as usize,
+            codec: reader.codec(),
+            length: reader.len(),
+            has_dict: reader.dict_bytes().is_some(),
+            inner: RwLock::new(Some(Arc::new(reader))),
+        }
+    }
+
     /// The Dense item shape, None for Ragged.
     pub(crate) fn item_shape_dims(&self) -> Option<&[u64]> {
         self.item_shape.as_deref()

@@ -26,6 +26,10 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// Object storage failed or refused a request, after any retries; the
+    /// message names the URL and what the server said (code -2, as I/O).
+    #[error("object storage: {0}")]
+    Remote(String),
     /// A record is larger than the format allows (code -4).
     #[error("record too large: {0}")]
     RecordTooLarge(String),
@@ -78,7 +82,7 @@ impl Error {
     pub fn code(&self) -> Option<i32> {
         Some(match self {
             Error::OutOfMemory(_) => -1,
-            Error::Io { .. } => -2,
+            Error::Io { .. } | Error::Remote(_) => -2,
             Error::RecordTooLarge(_) => -4,
             Error::StoreFull(_) => -5,
             Error::BufferTooSmall(_) => -6,
@@ -112,6 +116,7 @@ mod tests {
     fn codes_match_loaderx_2() {
         assert_eq!(Error::OutOfMemory(String::new()).code(), Some(-1));
         assert_eq!(Error::io("x", std::io::Error::other("y")).code(), Some(-2));
+        assert_eq!(Error::Remote(String::new()).code(), Some(-2));
         assert_eq!(Error::RecordTooLarge(String::new()).code(), Some(-4));
         assert_eq!(Error::StoreFull(String::new()).code(), Some(-5));
         assert_eq!(Error::BufferTooSmall(String::new()).code(), Some(-6));

@@ -108,3 +108,50 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
         Ok(())
     }
 }
+
+/// Makes sure the process may hold `more` extra open files, raising the
+/// soft limit toward the hard one when it would not: a store set keeps two
+/// files open per shard, and a thousand-shard set passes the common default
+/// of 1024. (Go's runtime raises the soft limit the same way at start.)
+pub(crate) fn ensure_file_room(more: usize) -> Result<()> {
+    #[cfg(unix)]
+    {
+        // Files already open are unknown; keep a margin for them.
+        let want = (more as libc::rlim_t).saturating_add(256);
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into the struct we own.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+            return Ok(());
+        }
+        if lim.rlim_cur == libc::RLIM_INFINITY || lim.rlim_cur >= want {
+            return Ok(());
+        }
+        let target = if lim.rlim_max == libc::RLIM_INFINITY {
+            want
+        } else {
+            want.min(lim.rlim_max)
+        };
+        if target <= lim.rlim_cur {
+            return Err(Error::InvalidArgument(format!(
+                "opening {more} files would pass this process's open-file limit ({}); \
+                 raise it (ulimit -n) or use fewer, larger shards",
+                lim.rlim_max
+            )));
+        }
+        let raised = libc::rlimit {
+            rlim_cur: target,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct we own; raising the soft limit
+        // up to the hard one needs no privilege.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = more;
+    }
+    Ok(())
+}

@@ -13,7 +13,8 @@
 //!   sources, with prefetch, exact resume and sharding across processes.
 //!
 //! Batched gathers and appends fan out over one process-wide thread pool
-//! ([`pool`]).
+//! ([`pool`]). A store can also be a set of shards read as one
+//! ([`store::manifest`]), and live in object storage ([`remote`]).
 //!
 //! The format is documented in [`mod@format`]; errors in [`Error`].
 
@@ -30,6 +31,7 @@ pub mod format;
 mod io;
 pub mod loader;
 pub mod pool;
+pub mod remote;
 pub mod sampler;
 pub mod schema;
 pub mod store;

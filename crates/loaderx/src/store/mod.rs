@@ -37,13 +37,19 @@
 //! ```
 
 mod batch;
+mod dataset;
+mod fetch;
 mod geometry;
+pub mod manifest;
 mod reader;
+mod segment;
 mod writer;
 
 use std::path::Path;
 
 pub use batch::{PackedBatch, RaggedBatch};
+pub use dataset::{commit_set, write_shard, DatasetWriter, Sharding, WriteOptions, STAGING_ENV};
+pub use fetch::request_count;
 pub use geometry::{parse_ragged, RaggedRecord, MAX_NDIM};
 pub use reader::{DataAccess, StoreReader, MAP_RECORD_BYTES, MAX_DICT_BYTES};
 pub use writer::{CreateOptions, StoreWriter};

@@ -1,29 +1,38 @@
 //! The read-only store handle and its batched gathers.
 //!
-//! `open` validates everything that can be checked without touching every
-//! record (header, schema, file sizes, dictionary presence) and maps the
-//! record table (`meta.zr`) read-only, so a gather reads its table entries
-//! without a system call each. Each entry is checked against the committed
-//! tail, then its frame is read from `data.zr` (mapped, or by positional
-//! read: see [`DataAccess`]) and decoded straight into the destination.
+//! A reader is made of one or more [segments](super::segment): a plain store
+//! is one, a store set (see [`manifest`](super::manifest)) one per shard, and
+//! record `i` of the reader is record `i - start(s)` of the segment `s` whose
+//! range holds it. Every gather resolves its indices to (segment, entry)
+//! first, so one call spans shards.
 //!
-//! The shared lock held for the reader's whole life keeps cooperating
+//! `open` validates everything that can be checked without touching every
+//! record (header, schema, file sizes, dictionary presence; for sets, every
+//! shard against the manifest). Local segments map the record table
+//! read-only, so a gather reads its table entries without a system call
+//! each; each entry is checked against the committed tail, then its frame is
+//! read from `data.zr` (mapped, or by positional read: see [`DataAccess`])
+//! and decoded straight into the destination. Remote segments fetch the
+//! table chunks a gather needs in bulk, then its records in merged byte
+//! ranges (see `fetch`), decoding each range as it arrives.
+//!
+//! The shared lock held for a local reader's whole life keeps cooperating
 //! writers (ours and loaderx 2.0.0's) away, so the files do not change
-//! underneath it. Readers are `Sync`: any number of threads may gather at once.
+//! underneath it; remote objects are checked against the size and ETag seen
+//! at open. Readers are `Sync`: any number of threads may gather at once.
 
-use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::codec::{Decoder, DecoderPool, PooledDecoder};
 use crate::error::{Error, Result};
-use crate::format::{
-    Codec, Header, RecordLoc, DATA_FILE, DICT_FILE, HEADER_SIZE, LOC_SIZE, META_FILE, PAGE_SIZE,
-};
-use crate::io::{self, LockMode};
+use crate::format::{Codec, Header, RecordLoc, META_FILE};
 use crate::pool;
+use crate::remote::{self, Remote, StorageOptions};
 use crate::schema::{Kind, Schema};
+use crate::store::fetch::{self, Work};
+use crate::store::manifest::{Manifest, MANIFEST_FILE, MAX_MANIFEST_BYTES};
+use crate::store::segment::Segment;
 use crate::store::RaggedBatch;
-use memmap2::Mmap;
 use rayon::prelude::*;
 
 /// Output bytes below which a gather runs on the calling thread: waking the
@@ -65,7 +74,7 @@ impl DataAccess {
         }
     }
 
-    fn resolve(self, header: &Header) -> DataAccess {
+    pub(crate) fn resolve(self, header: &Header) -> DataAccess {
         match self {
             DataAccess::Auto => {
                 let mean = header.tail_offset / header.length.max(1);
@@ -80,191 +89,337 @@ impl DataAccess {
     }
 }
 
-enum Payload {
-    Empty,
-    Mapped(Mmap),
-    File(File),
-}
-
-/// An open, read-only store of either kind.
-pub struct StoreReader {
-    dir: PathBuf,
-    schema: Schema,
-    header: Header,
-    // Holds the shared lock for the reader's lifetime.
-    _meta_file: File,
-    meta: Option<Mmap>,
-    data: Payload,
-    dict: Option<Vec<u8>>,
-    decoders: DecoderPool,
-}
-
-impl std::fmt::Debug for StoreReader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreReader")
-            .field("dir", &self.dir)
-            .field("schema", &self.schema)
-            .field("header", &self.header)
-            .finish()
-    }
-}
-
-fn map_file(file: &File, path: &Path) -> Result<Option<Mmap>> {
-    let len = file
-        .metadata()
-        .map_err(|e| Error::io(format!("reading the size of {}", path.display()), e))?
-        .len();
-    if len == 0 {
-        return Ok(None);
-    }
-    // SAFETY: the map is read-only and the store's shared lock keeps
-    // cooperating writers out for the reader's lifetime; a committed store is
-    // never modified in place. Every access is bounds-checked against the
-    // lengths validated in `open`.
-    let map = unsafe { Mmap::map(file) }
-        .map_err(|e| Error::io(format!("mapping {}", path.display()), e))?;
-    Ok(Some(map))
-}
-
 /// Largest `dict.zr` a reader accepts. zstd dictionaries are kilobytes to a
 /// few megabytes (loaderx's largest tier is 1 MiB); refusing anything huge
 /// keeps a stray or hostile file from costing its size in memory.
 pub const MAX_DICT_BYTES: u64 = 64 << 20;
 
-/// Reads `dict.zr` when, and only when, the codec needs one, checking that
-/// it is present exactly for zstd_dict stores.
-fn read_dict(path: &Path, codec: Codec) -> Result<Option<Vec<u8>>> {
-    let size = match std::fs::metadata(path) {
-        Ok(m) => Some(m.len()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+/// An open, read-only store (or store set) of either kind.
+pub struct StoreReader {
+    /// The path or URL it was opened at, for messages.
+    location: String,
+    schema: Schema,
+    codec: Codec,
+    segments: Vec<Segment>,
+    /// `starts[s]` is the first record of segment `s`; one more entry holds the total.
+    starts: Vec<u64>,
+    /// One pool per distinct dictionary (one in all for raw and zstd).
+    decoders: Vec<DecoderPool>,
+    manifest: Option<Manifest>,
+    /// The object-storage folder, for remote stores.
+    remote: Option<Remote>,
+}
+
+impl std::fmt::Debug for StoreReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreReader")
+            .field("location", &self.location)
+            .field("schema", &self.schema)
+            .field("codec", &self.codec)
+            .field("shards", &self.segments.len())
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+/// Reads a local manifest, `Ok(None)` when there is none.
+fn read_local_manifest(dir: &Path) -> Result<Option<Manifest>> {
+    let path = dir.join(MANIFEST_FILE);
+    let size = match std::fs::metadata(&path) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(format!("inspecting {}", path.display()), e)),
     };
-    match (codec, size) {
-        (Codec::ZstdDict, Some(n)) if (1..=MAX_DICT_BYTES).contains(&n) => std::fs::read(path)
-            .map(Some)
-            .map_err(|e| Error::io(format!("reading {}", path.display()), e)),
-        (Codec::ZstdDict, Some(n)) if n > MAX_DICT_BYTES => Err(Error::InvalidFormat(format!(
-            "{DICT_FILE} is {n} bytes, larger than any zstd dictionary ({MAX_DICT_BYTES} bytes at most)"
-        ))),
-        (Codec::ZstdDict, _) => Err(Error::InvalidFormat(format!(
-            "a zstd_dict store needs a non-empty {DICT_FILE}"
-        ))),
-        (_, Some(_)) => Err(Error::InvalidFormat(format!(
-            "a {} store must not have a {DICT_FILE}",
-            codec.name()
-        ))),
-        (_, None) => Ok(None),
+    if size > MAX_MANIFEST_BYTES {
+        return Err(Error::InvalidFormat(format!(
+            "{} is {size} bytes, more than a manifest may be ({MAX_MANIFEST_BYTES})",
+            path.display()
+        )));
+    }
+    let bytes =
+        std::fs::read(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    Manifest::parse(&bytes, &dir.display().to_string()).map(Some)
+}
+
+/// A directory with stores inside but neither a store nor a manifest of its
+/// own is most likely a set whose writer stopped before `close()`.
+fn unfinished_set_hint(dir: &Path) -> Option<Error> {
+    let has_shards = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .any(|e| e.path().join(META_FILE).is_file());
+    has_shards.then(|| {
+        Error::InvalidFormat(format!(
+            "{} holds stores but no {MANIFEST_FILE}: a store set whose writer never closed \
+             (the manifest is written last); rebuild it",
+            dir.display()
+        ))
+    })
+}
+
+fn kind_of_manifest(m: &Manifest, kind: Kind, where_: &str) -> Result<()> {
+    if m.kind() != kind {
+        return Err(Error::Schema(format!(
+            "invalid schema fields for a {} store: {where_} is a {} store set",
+            kind.name(),
+            m.kind
+        )));
+    }
+    Ok(())
+}
+
+/// Checks shard `entry` as opened against what the manifest says of it.
+fn check_shard(
+    seg: &Segment,
+    entry: &crate::store::manifest::ShardEntry,
+    m: &Manifest,
+    schema: &Schema,
+) -> Result<()> {
+    let set_says = |what: &str| {
+        Error::InvalidFormat(format!(
+            "shard {:?} of the set disagrees with its {MANIFEST_FILE}: {what}",
+            entry.path
+        ))
+    };
+    if &seg.schema != schema {
+        return Err(set_says(&format!(
+            "it stores {:?}, the set {schema:?}",
+            seg.schema
+        )));
+    }
+    if seg.header.codec != m.codec() {
+        return Err(set_says(&format!(
+            "its codec is {}, the set's {}",
+            seg.header.codec.name(),
+            m.codec
+        )));
+    }
+    if seg.header.length != entry.records {
+        return Err(set_says(&format!(
+            "it holds {} records, the manifest says {}",
+            seg.header.length, entry.records
+        )));
+    }
+    if seg.header.tail_offset != entry.data_bytes {
+        return Err(set_says(&format!(
+            "it holds {} payload bytes, the manifest says {}",
+            seg.header.tail_offset, entry.data_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// The shard named in a manifest could not be opened: say which.
+fn shard_error(entry_path: &str, e: Error) -> Error {
+    match e {
+        Error::NotFound { path, reason } => Error::InvalidFormat(format!(
+            "shard {entry_path:?} listed in the {MANIFEST_FILE} is missing ({}: {reason})",
+            path.display()
+        )),
+        Error::InvalidFormat(msg) => {
+            Error::InvalidFormat(format!("shard {entry_path:?} of the set: {msg}"))
+        }
+        other => other,
     }
 }
 
 impl StoreReader {
-    /// Opens the committed store at `dir` as `kind`, reading `data.zr` as
-    /// [`DataAccess::from_env`] says.
+    /// Opens the committed store (or store set) at `dir` as `kind`, reading
+    /// `data.zr` as [`DataAccess::from_env`] says.
     pub fn open(dir: impl AsRef<Path>, kind: Kind) -> Result<Self> {
         Self::open_with(dir, kind, DataAccess::from_env())
     }
 
-    /// Opens the committed store at `dir` as `kind`, reading `data.zr` with `access`.
+    /// Opens the committed local store (or store set) at `dir` as `kind`,
+    /// reading `data.zr` with `access`.
     pub fn open_with(dir: impl AsRef<Path>, kind: Kind, access: DataAccess) -> Result<Self> {
-        let dir = dir.as_ref().to_path_buf();
-        let meta_path = dir.join(META_FILE);
-        let meta_file = File::open(&meta_path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::NotFound {
-                path: dir.clone(),
-                reason: if dir.is_dir() {
-                    format!("the directory has no {META_FILE}")
-                } else {
-                    "no such directory".into()
-                },
-            },
-            _ => Error::io(format!("opening {}", meta_path.display()), e),
-        })?;
-        io::try_lock(&meta_file, LockMode::Shared, &meta_path)?;
-
-        let meta_len = meta_file
-            .metadata()
-            .map_err(|e| Error::io(format!("reading the size of {}", meta_path.display()), e))?
-            .len();
-        if meta_len < PAGE_SIZE {
-            return Err(Error::InvalidFormat(format!(
-                "{} is {meta_len} bytes, shorter than its {PAGE_SIZE}-byte static page",
-                meta_path.display()
-            )));
-        }
-        let mut page = vec![0u8; PAGE_SIZE as usize];
-        io::read_exact_at(&meta_file, &mut page, 0)
-            .map_err(|e| Error::io(format!("reading {}", meta_path.display()), e))?;
-        let header = Header::decode(page[..HEADER_SIZE].try_into().expect("32 bytes"))?;
-        let schema_end = HEADER_SIZE + header.schema_length as usize;
-        let schema = Schema::decode(&page[HEADER_SIZE..schema_end], kind)?;
-
-        let table_end = header.meta_len_required()?;
-        if meta_len < table_end {
-            return Err(Error::InvalidFormat(format!(
-                "{} is {meta_len} bytes but its {} records need {table_end}",
-                meta_path.display(),
-                header.length
-            )));
-        }
-
-        let data_path = dir.join(DATA_FILE);
-        let data_file = File::open(&data_path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => {
-                Error::InvalidFormat(format!("{} is missing", data_path.display()))
+        let dir = dir.as_ref();
+        let location = dir.display().to_string();
+        match read_local_manifest(dir)? {
+            None => {
+                let seg = Segment::open_local(dir, kind, access).map_err(|e| match e {
+                    Error::NotFound { .. } => unfinished_set_hint(dir).unwrap_or(e),
+                    other => other,
+                })?;
+                Self::assemble(
+                    location,
+                    seg.schema.clone(),
+                    seg.header.codec,
+                    vec![seg],
+                    None,
+                    None,
+                )
             }
-            _ => Error::io(format!("opening {}", data_path.display()), e),
-        })?;
-        let data_len = data_file
-            .metadata()
-            .map_err(|e| Error::io(format!("reading the size of {}", data_path.display()), e))?
-            .len();
-        if data_len < header.tail_offset {
-            return Err(Error::InvalidFormat(format!(
-                "{} is {data_len} bytes, shorter than its committed end {}",
-                data_path.display(),
-                header.tail_offset
-            )));
+            Some(m) => {
+                kind_of_manifest(&m, kind, &location)?;
+                let schema = m.schema()?;
+                crate::io::ensure_file_room(m.shards.len().saturating_mul(2))?;
+                let mut segments = Vec::with_capacity(m.shards.len());
+                for entry in &m.shards {
+                    let seg = Segment::open_local(&dir.join(&entry.path), kind, access)
+                        .map_err(|e| shard_error(&entry.path, e))?;
+                    check_shard(&seg, entry, &m, &schema)?;
+                    segments.push(seg);
+                }
+                let codec = m.codec();
+                Self::assemble(location, schema, codec, segments, Some(m), None)
+            }
         }
+    }
 
-        let dict = read_dict(&dir.join(DICT_FILE), header.codec)?;
-        let decoders = DecoderPool::new(header.codec, dict.as_deref())?;
+    /// Opens the store or store set at `location`: a local path, a
+    /// `file://` URL, or an object-storage URL (`s3://`, `gs://`, `az://`,
+    /// `http(s)://`) configured by the environment and `options`. `access`
+    /// applies to local stores.
+    pub fn open_location(
+        location: &str,
+        kind: Kind,
+        access: DataAccess,
+        options: &StorageOptions,
+    ) -> Result<Self> {
+        if !remote::is_url(location) {
+            return Self::open_with(remote::local_path(location)?, kind, access);
+        }
+        let root = Remote::parse(location, options)?;
+        let shown = root.url().to_string();
+        remote::block_on(async {
+            let manifest = match root.get_all(MANIFEST_FILE).await? {
+                None => None,
+                Some((bytes, _)) if bytes.len() as u64 > MAX_MANIFEST_BYTES => {
+                    return Err(Error::InvalidFormat(format!(
+                        "{shown}/{MANIFEST_FILE} is {} bytes, more than a manifest may be",
+                        bytes.len()
+                    )))
+                }
+                Some((bytes, _)) => Some(Manifest::parse(&bytes, &shown)?),
+            };
+            match manifest {
+                None => {
+                    let seg = Segment::open_remote(&root, kind).await?;
+                    Self::assemble(
+                        shown.clone(),
+                        seg.schema.clone(),
+                        seg.header.codec,
+                        vec![seg],
+                        None,
+                        Some(root.clone()),
+                    )
+                }
+                Some(m) => {
+                    use futures::{StreamExt, TryStreamExt};
+                    kind_of_manifest(&m, kind, &shown)?;
+                    let schema = m.schema()?;
+                    let root_ref = &root;
+                    let segments: Vec<Segment> = futures::stream::iter(&m.shards)
+                        .map(|entry| async move {
+                            Segment::open_remote(&root_ref.child(&entry.path), kind)
+                                .await
+                                .map_err(|e| shard_error(&entry.path, e))
+                        })
+                        .buffered(root.tuning().max_in_flight.min(16))
+                        .try_collect()
+                        .await?;
+                    for (seg, entry) in segments.iter().zip(&m.shards) {
+                        check_shard(seg, entry, &m, &schema)?;
+                    }
+                    let codec = m.codec();
+                    Self::assemble(
+                        shown.clone(),
+                        schema,
+                        codec,
+                        segments,
+                        Some(m),
+                        Some(root.clone()),
+                    )
+                }
+            }
+        })?
+    }
 
-        let meta = if header.length > 0 {
-            map_file(&meta_file, &meta_path)?
-        } else {
-            None
-        };
-        let data = match (header.tail_offset, access.resolve(&header)) {
-            (0, _) => Payload::Empty,
-            (_, DataAccess::Map) => match map_file(&data_file, &data_path)? {
-                Some(map) => Payload::Mapped(map),
-                None => Payload::Empty,
-            },
-            (_, _) => Payload::File(data_file),
-        };
+    /// Which kind of store (or set) is at `location`, found by opening it.
+    pub fn probe_kind(
+        location: &str,
+        access: DataAccess,
+        options: &StorageOptions,
+    ) -> Result<(Kind, StoreReader)> {
+        match Self::open_location(location, Kind::Dense, access, options) {
+            Ok(r) => Ok((Kind::Dense, r)),
+            Err(Error::Schema(dense_why)) => {
+                match Self::open_location(location, Kind::Ragged, access, options) {
+                    Ok(r) => Ok((Kind::Ragged, r)),
+                    Err(Error::Schema(_)) => Err(Error::Schema(format!(
+                        "{location}: the schema is neither a Dense nor a Ragged one ({dense_why})"
+                    ))),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn assemble(
+        location: String,
+        schema: Schema,
+        codec: Codec,
+        mut segments: Vec<Segment>,
+        manifest: Option<Manifest>,
+        remote: Option<Remote>,
+    ) -> Result<Self> {
+        let mut starts = Vec::with_capacity(segments.len() + 1);
+        let mut total: u64 = 0;
+        starts.push(0);
+        for seg in &segments {
+            total = total.checked_add(seg.len()).ok_or_else(|| {
+                Error::InvalidFormat(format!(
+                    "{location}: the shards hold more than 2^64 records"
+                ))
+            })?;
+            starts.push(total);
+        }
+        // Shards written together share one dictionary, and so one pool.
+        let mut dicts: Vec<Option<Vec<u8>>> = Vec::new();
+        let mut decoders = Vec::new();
+        for seg in &mut segments {
+            seg.pool = match dicts.iter().position(|d| *d == seg.dict) {
+                Some(p) => p,
+                None => {
+                    decoders.push(DecoderPool::new(codec, seg.dict.as_deref())?);
+                    dicts.push(seg.dict.clone());
+                    dicts.len() - 1
+                }
+            };
+        }
         Ok(StoreReader {
-            dir,
+            location,
             schema,
-            header,
-            _meta_file: meta_file,
-            meta,
-            data,
-            dict,
+            codec,
+            segments,
+            starts,
             decoders,
+            manifest,
+            remote,
         })
     }
 
-    /// The store directory.
+    /// The store directory (or URL) it was opened at.
     pub fn path(&self) -> &Path {
-        &self.dir
+        Path::new(&self.location)
     }
 
-    /// How this reader reads `data.zr` ([`DataAccess::Map`] or [`DataAccess::Read`]).
+    /// The path or URL it was opened at (URLs without credentials).
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    /// Whether the store lives in object storage.
+    pub fn is_remote(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    /// How this reader reads `data.zr` ([`DataAccess::Map`] or
+    /// [`DataAccess::Read`]; remote stores read).
     pub fn data_access(&self) -> DataAccess {
-        match self.data {
-            Payload::Mapped(_) => DataAccess::Map,
-            _ => DataAccess::Read,
-        }
+        self.segments[0].data_access()
     }
 
     /// The stored schema.
@@ -274,27 +429,73 @@ impl StoreReader {
 
     /// The store's codec.
     pub fn codec(&self) -> Codec {
-        self.header.codec
+        self.codec
     }
 
     /// Number of records.
     pub fn len(&self) -> u64 {
-        self.header.length
+        *self.starts.last().expect("at least one entry")
     }
 
     /// Whether the store holds no records.
     pub fn is_empty(&self) -> bool {
-        self.header.length == 0
+        self.len() == 0
     }
 
-    /// End of the committed payload in `data.zr`.
+    /// Committed payload bytes (the sum over shards for a set).
     pub fn tail_offset(&self) -> u64 {
-        self.header.tail_offset
+        self.segments.iter().map(|s| s.header.tail_offset).sum()
     }
 
-    /// The dictionary bytes (`dict.zr`), for zstd_dict stores.
+    /// The dictionary bytes (`dict.zr`), for zstd_dict stores (the first
+    /// shard's, for a set).
     pub fn dict_bytes(&self) -> Option<&[u8]> {
-        self.dict.as_deref()
+        self.segments[0].dict.as_deref()
+    }
+
+    /// The manifest, when this is a store set.
+    pub fn manifest(&self) -> Option<&Manifest> {
+        self.manifest.as_ref()
+    }
+
+    /// Bytes the store takes in storage: every shard's three files.
+    pub fn disk_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.disk_bytes).sum()
+    }
+
+    /// The logical (decoded) sizes of records `range`, from the record
+    /// table alone (nothing is decoded).
+    pub fn logical_sizes(&self, range: std::ops::Range<u64>) -> Result<Vec<u32>> {
+        if range.start > range.end || range.end > self.len() {
+            return Err(Error::IndexOutOfRange(format!(
+                "records {}..{} are not within a store of {} records",
+                range.start,
+                range.end,
+                self.len()
+            )));
+        }
+        let picks: Vec<u64> = range.collect();
+        self.fetch_table(&picks)?;
+        picks
+            .iter()
+            .map(|&i| self.loc(i).map(|l| l.logic_length))
+            .collect()
+    }
+
+    /// Number of physical stores: 1, or the shards of a set.
+    pub fn shard_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// The segment holding record `index` (which must be in range) and the
+    /// record's index within it.
+    #[inline]
+    fn locate(&self, index: u64) -> (usize, u64) {
+        if self.segments.len() == 1 {
+            return (0, index);
+        }
+        let s = self.starts.partition_point(|&start| start <= index) - 1;
+        (s, index - self.starts[s])
     }
 
     /// Mean logical bytes per record over up to `probe` evenly spread
@@ -305,10 +506,13 @@ impl StoreReader {
             return Ok(0.0);
         }
         let k = probe.clamp(1, n);
+        // j < k <= n, so j * n / k < n; u128 keeps the product exact.
+        let picks: Vec<u64> = (0..k)
+            .map(|j| (j as u128 * n as u128 / k as u128) as u64)
+            .collect();
+        self.fetch_table(&picks)?;
         let mut total = 0u64;
-        for j in 0..k {
-            // j < k <= n, so j * n / k < n; u128 keeps the product exact.
-            let i = (j as u128 * n as u128 / k as u128) as u64;
+        for &i in &picks {
             total += self.loc(i)?.logic_length as u64;
         }
         Ok(total as f64 / k as f64)
@@ -328,74 +532,78 @@ impl StoreReader {
         }
     }
 
-    /// The validated table entry of record `index`.
+    /// The validated table entry of record `index` (its offset is within
+    /// the shard holding it).
     #[inline]
     pub fn loc(&self, index: u64) -> Result<RecordLoc> {
-        if index >= self.header.length {
+        if index >= self.len() {
             return Err(Error::IndexOutOfRange(format!(
                 "index {index} is out of range for a store of {} records",
-                self.header.length
+                self.len()
             )));
         }
-        let table = self.meta.as_deref().expect("mapped when length > 0");
-        let at = (PAGE_SIZE + index * LOC_SIZE as u64) as usize;
-        let loc = RecordLoc::decode(&table[at..at + LOC_SIZE]);
-        loc.validate(index, self.header.codec, self.header.tail_offset)?;
-        Ok(loc)
+        let (s, local) = self.locate(index);
+        self.segments[s].loc(local, index)
     }
 
-    /// Decodes the record of a validated entry into `dst` (exactly its
-    /// logical size).
-    #[inline]
-    fn read_record(
-        &self,
-        index: u64,
-        loc: &RecordLoc,
-        dst: &mut [u8],
-        dec: &mut Decoder,
-    ) -> Result<()> {
-        let start = loc.offset;
-        let len = loc.phys_length as usize;
-        match &self.data {
-            Payload::Mapped(map) => {
-                let start = start as usize;
-                dec.decode_into(index, &map[start..start + len], dst)
-            }
-            Payload::File(file) => {
-                let read = |buf: &mut [u8]| {
-                    io::read_exact_at(file, buf, start).map_err(|e| {
-                        Error::io(format!("reading record {index} from {DATA_FILE}"), e)
-                    })
-                };
-                if self.header.codec == Codec::Raw && len == dst.len() {
-                    // Raw records land in place: one read, no copy.
-                    read(dst)
-                } else {
-                    dec.staging.resize(len, 0);
-                    read(&mut dec.staging)?;
-                    dec.decode_staged(index, dst)
-                }
-            }
-            Payload::Empty => Err(Error::InvalidFormat(format!(
-                "record {index}: the store has no payload"
-            ))),
+    /// Remote stores: fetches, in bulk, the table chunks holding the entries
+    /// of `indices` (all in range) that are not here yet.
+    fn fetch_table(&self, indices: &[u64]) -> Result<()> {
+        if self.remote.is_none() {
+            return Ok(());
         }
-    }
-
-    fn decoder(&self) -> Result<PooledDecoder<'_>> {
-        self.decoders.get()
+        let mut per_segment: Vec<Vec<u64>> = vec![Vec::new(); self.segments.len()];
+        for &i in indices {
+            let (s, local) = self.locate(i);
+            per_segment[s].push(local);
+        }
+        remote::block_on(futures::future::try_join_all(
+            self.segments
+                .iter()
+                .zip(per_segment)
+                .filter(|(_, locals)| !locals.is_empty())
+                .map(|(seg, locals)| async move { seg.fetch_table(locals.into_iter()).await }),
+        ))?
+        .map(|_| ())
     }
 
     /// Checks every index before any work starts, so an out-of-range index
     /// fails the whole request up front.
     fn check_indices(&self, indices: &[u64]) -> Result<()> {
-        let n = self.header.length;
+        let n = self.len();
         if let Some(&bad) = indices.iter().find(|&&i| i >= n) {
             return Err(Error::IndexOutOfRange(format!(
                 "index {bad} is out of range for a store of {n} records"
             )));
         }
         Ok(())
+    }
+
+    /// Remote gathers: the table entries of `indices` and their slots,
+    /// then one merged, concurrent fetch that decodes as ranges arrive.
+    fn gather_remote<'a>(
+        &self,
+        indices: &[u64],
+        slots: impl Iterator<Item = &'a mut [u8]>,
+        width: Option<usize>,
+    ) -> Result<()> {
+        self.fetch_table(indices)?;
+        let mut work = Vec::with_capacity(indices.len());
+        for (&i, slot) in indices.iter().zip(slots) {
+            let (seg, local) = self.locate(i);
+            let loc = self.segments[seg].loc(local, i)?;
+            if let Some(width) = width {
+                check_width(i, &loc, width)?;
+            }
+            work.push(Work {
+                label: i,
+                seg,
+                loc,
+                slot,
+            });
+        }
+        let tuning = self.remote.as_ref().expect("remote").tuning();
+        fetch::fetch_into(&self.segments, &self.decoders, tuning, work)
     }
 
     /// Decodes fixed-width records `indices` into `out`, `width` bytes each,
@@ -414,21 +622,21 @@ impl StoreReader {
             return Ok(());
         }
         self.check_indices(indices)?;
-        let run = |idx: &[u64], dst: &mut [u8], dec: &mut PooledDecoder<'_>| -> Result<()> {
+        if self.remote.is_some() {
+            return self.gather_remote(indices, out.chunks_exact_mut(width), Some(width));
+        }
+        let run = |idx: &[u64], dst: &mut [u8], decs: &mut TaskDecoders<'_>| -> Result<()> {
             for (&i, slot) in idx.iter().zip(dst.chunks_exact_mut(width)) {
-                let loc = self.loc(i)?;
-                if loc.logic_length as usize != width {
-                    return Err(Error::Corrupt(format!(
-                        "record {i} holds {} bytes but the schema makes records {width} bytes",
-                        loc.logic_length
-                    )));
-                }
-                self.read_record(i, &loc, slot, dec)?;
+                let (s, local) = self.locate(i);
+                let seg = &self.segments[s];
+                let loc = seg.loc(local, i)?;
+                check_width(i, &loc, width)?;
+                seg.read_record(i, &loc, slot, decs.get(seg.pool)?)?;
             }
             Ok(())
         };
         if out.len() <= INLINE_BYTES || indices.len() == 1 {
-            return run(indices, out, &mut self.decoder()?);
+            return run(indices, out, &mut TaskDecoders::new(&self.decoders));
         }
         let per_task = pool::task_len(indices.len(), (INLINE_BYTES / 4 / width).max(1));
         pool::pool().install(|| {
@@ -436,15 +644,8 @@ impl StoreReader {
                 .par_chunks(per_task)
                 .zip(out.par_chunks_mut(per_task * width))
                 .try_for_each_init(
-                    || None,
-                    |dec, (idx, dst)| {
-                        // Taken lazily so a failure is reported as itself.
-                        let dec = match dec {
-                            Some(d) => d,
-                            None => dec.insert(self.decoder()?),
-                        };
-                        run(idx, dst, dec)
-                    },
+                    || TaskDecoders::new(&self.decoders),
+                    |decs, (idx, dst)| run(idx, dst, decs),
                 )
         })
     }
@@ -455,17 +656,19 @@ impl StoreReader {
     /// sizes (plus alignment), never more.
     pub fn gather_var(&self, indices: &[u64]) -> Result<(Vec<u8>, Vec<std::ops::Range<usize>>)> {
         self.check_indices(indices)?;
+        self.fetch_table(indices)?;
         let mut locs = Vec::with_capacity(indices.len());
         let mut ranges = Vec::with_capacity(indices.len());
         let mut total = 0usize;
         for &i in indices {
-            let loc = self.loc(i)?;
+            let (s, local) = self.locate(i);
+            let loc = self.segments[s].loc(local, i)?;
             let start = total.next_multiple_of(SLOT_ALIGN);
             let end = start
                 .checked_add(loc.logic_length as usize)
                 .ok_or_else(|| Error::OutOfMemory("gather size overflows".into()))?;
             ranges.push(start..end);
-            locs.push(loc);
+            locs.push((s, loc));
             total = end;
         }
         let mut buf = crate::buffers::take(total).ok_or_else(|| {
@@ -488,36 +691,36 @@ impl StoreReader {
             rest = tail;
             consumed = r.end;
         }
-        let work: Vec<(u64, &RecordLoc, &mut [u8])> = indices
+        let work: Vec<Work<'_>> = indices
             .iter()
-            .copied()
-            .zip(locs.iter())
+            .zip(locs)
             .zip(slots)
-            .map(|((i, l), s)| (i, l, s))
+            .map(|((&label, (seg, loc)), slot)| Work {
+                label,
+                seg,
+                loc,
+                slot,
+            })
             .collect();
-        let run = |dec: &mut PooledDecoder<'_>, (i, loc, slot): (u64, &RecordLoc, &mut [u8])| {
-            self.read_record(i, loc, slot, dec)
+        if let Some(remote) = &self.remote {
+            fetch::fetch_into(&self.segments, &self.decoders, remote.tuning(), work)?;
+            return Ok((buf, ranges));
+        }
+        let run = |decs: &mut TaskDecoders<'_>, w: Work<'_>| {
+            let seg = &self.segments[w.seg];
+            seg.read_record(w.label, &w.loc, w.slot, decs.get(seg.pool)?)
         };
         if total <= INLINE_BYTES || work.len() == 1 {
-            let mut dec = self.decoder()?;
+            let mut decs = TaskDecoders::new(&self.decoders);
             for item in work {
-                run(&mut dec, item)?;
+                run(&mut decs, item)?;
             }
         } else {
             let per_task = pool::task_len(work.len(), 4);
             pool::pool().install(|| {
                 work.into_par_iter()
                     .with_min_len(per_task)
-                    .try_for_each_init(
-                        || None,
-                        |dec, item| {
-                            let dec = match dec {
-                                Some(d) => d,
-                                None => dec.insert(self.decoder()?),
-                            };
-                            run(dec, item)
-                        },
-                    )
+                    .try_for_each_init(|| TaskDecoders::new(&self.decoders), run)
             })?;
         }
         Ok((buf, ranges))
@@ -550,5 +753,54 @@ impl StoreReader {
         };
         let (data, ranges) = self.gather_var(indices)?;
         RaggedBatch::from_gather(data, ranges, indices, itemsize)
+    }
+}
+
+/// A Dense record must decode to exactly the schema's width.
+#[inline]
+fn check_width(index: u64, loc: &RecordLoc, width: usize) -> Result<()> {
+    if loc.logic_length as usize != width {
+        return Err(Error::Corrupt(format!(
+            "record {index} holds {} bytes but the schema makes records {width} bytes",
+            loc.logic_length
+        )));
+    }
+    Ok(())
+}
+
+/// The decoders one task holds, one per dictionary it has met, taken from
+/// the reader's pools lazily so a failure is reported as itself.
+pub(crate) struct TaskDecoders<'r> {
+    pools: &'r [DecoderPool],
+    // The common case (one dictionary, or none) without an allocation.
+    first: Option<PooledDecoder<'r>>,
+    rest: Vec<Option<PooledDecoder<'r>>>,
+}
+
+impl<'r> TaskDecoders<'r> {
+    pub(crate) fn new(pools: &'r [DecoderPool]) -> Self {
+        TaskDecoders {
+            pools,
+            first: None,
+            rest: Vec::new(),
+        }
+    }
+
+    /// The decoder of pool `p`.
+    #[inline]
+    pub(crate) fn get(&mut self, p: usize) -> Result<&mut Decoder> {
+        let slot = if p == 0 {
+            &mut self.first
+        } else {
+            if self.rest.len() < p {
+                self.rest.resize_with(p, || None);
+            }
+            &mut self.rest[p - 1]
+        };
+        let held = match slot {
+            Some(d) => d,
+            None => slot.insert(self.pools[p].get()?),
+        };
+        Ok(&mut **held)
     }
 }

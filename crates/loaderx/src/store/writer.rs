@@ -260,6 +260,11 @@ impl StoreWriter {
         self.length == 0
     }
 
+    /// Payload bytes written so far (the committed end of `data.zr`).
+    pub fn payload_bytes(&self) -> u64 {
+        self.tail
+    }
+
     /// Whether [`close`](Self::close) has run.
     pub fn is_closed(&self) -> bool {
         self.closed

@@ -1,0 +1,450 @@
+//! One physical store (the three files of a directory or an object-storage
+//! prefix), opened and validated: the unit a [`StoreReader`](super::StoreReader)
+//! is made of. A plain store is one segment; each shard of a store set is one.
+//!
+//! Local segments map the record table read-only (no system call per entry)
+//! and read `data.zr` by `pread` or a map (see [`DataAccess`]). Remote
+//! segments fetch the header page and, for small stores, the whole table at
+//! open; larger tables arrive in chunks of [`TABLE_CHUNK`] entries, fetched
+//! in bulk the first time a gather needs them and kept for the reader's life
+//! (16 bytes a record, as a local map would hold).
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+use memmap2::Mmap;
+
+use crate::codec::Decoder;
+use crate::error::{Error, Result};
+use crate::format::{
+    Codec, Header, RecordLoc, DATA_FILE, DICT_FILE, HEADER_SIZE, LOC_SIZE, META_FILE, PAGE_SIZE,
+};
+use crate::io::{self, LockMode};
+use crate::remote::{self, ObjectInfo, Remote};
+use crate::schema::{Kind, Schema};
+use crate::store::reader::{DataAccess, MAX_DICT_BYTES};
+
+/// Record-table entries per remotely fetched chunk (64 KiB).
+pub(crate) const TABLE_CHUNK: u64 = 4096;
+/// Tables up to this size come with the header page, in the open request.
+const EAGER_TABLE_BYTES: u64 = 1 << 20;
+
+pub(crate) enum Table {
+    Empty,
+    Mapped(Mmap),
+    Remote(RemoteTable),
+}
+
+pub(crate) struct RemoteTable {
+    remote: Remote,
+    info: ObjectInfo,
+    chunks: Vec<OnceLock<Bytes>>,
+}
+
+pub(crate) enum Payload {
+    Empty,
+    Mapped(Mmap),
+    File(File),
+    Remote { remote: Remote, info: ObjectInfo },
+}
+
+/// An open, validated physical store.
+pub(crate) struct Segment {
+    /// Directory path or URL, for messages.
+    pub(crate) name: String,
+    pub(crate) header: Header,
+    pub(crate) schema: Schema,
+    table: Table,
+    pub(crate) data: Payload,
+    pub(crate) dict: Option<Vec<u8>>,
+    /// Which of the reader's decoder pools decodes this segment's frames.
+    pub(crate) pool: usize,
+    /// Bytes of its three files, as found at open.
+    pub(crate) disk_bytes: u64,
+    // Local stores: holds the shared lock for the reader's lifetime.
+    _lock: Option<File>,
+}
+
+fn map_file(file: &File, path: &Path) -> Result<Option<Mmap>> {
+    let len = file
+        .metadata()
+        .map_err(|e| Error::io(format!("reading the size of {}", path.display()), e))?
+        .len();
+    if len == 0 {
+        return Ok(None);
+    }
+    // SAFETY: the map is read-only and the store's shared lock keeps
+    // cooperating writers out for the reader's lifetime; a committed store is
+    // never modified in place. Every access is bounds-checked against the
+    // lengths validated in `open`.
+    let map = unsafe { Mmap::map(file) }
+        .map_err(|e| Error::io(format!("mapping {}", path.display()), e))?;
+    Ok(Some(map))
+}
+
+/// Checks that `dict.zr` (of `size` bytes, `None` when absent) is present
+/// exactly when the codec needs it, and not absurdly large.
+fn check_dict(size: Option<u64>, codec: Codec, where_: &str) -> Result<bool> {
+    match (codec, size) {
+        (Codec::ZstdDict, Some(n)) if (1..=MAX_DICT_BYTES).contains(&n) => Ok(true),
+        (Codec::ZstdDict, Some(n)) if n > MAX_DICT_BYTES => Err(Error::InvalidFormat(format!(
+            "{where_}: {DICT_FILE} is {n} bytes, larger than any zstd dictionary \
+             ({MAX_DICT_BYTES} bytes at most)"
+        ))),
+        (Codec::ZstdDict, _) => Err(Error::InvalidFormat(format!(
+            "a zstd_dict store needs a non-empty {DICT_FILE}"
+        ))),
+        (_, Some(_)) => Err(Error::InvalidFormat(format!(
+            "a {} store must not have a {DICT_FILE}",
+            codec.name()
+        ))),
+        (_, None) => Ok(false),
+    }
+}
+
+/// Parses the static page; checks the sizes of `meta.zr` and `data.zr`.
+fn parse_page(
+    page: &[u8],
+    kind: Kind,
+    meta_len: u64,
+    data_len: u64,
+    name: &str,
+) -> Result<(Header, Schema)> {
+    let header = Header::decode(page[..HEADER_SIZE].try_into().expect("32 bytes"))?;
+    let schema_end = HEADER_SIZE + header.schema_length as usize;
+    let schema = Schema::decode(&page[HEADER_SIZE..schema_end], kind)?;
+    let table_end = header.meta_len_required()?;
+    if meta_len < table_end {
+        return Err(Error::InvalidFormat(format!(
+            "{name}/{META_FILE} is {meta_len} bytes but its {} records need {table_end}",
+            header.length
+        )));
+    }
+    if data_len < header.tail_offset {
+        return Err(Error::InvalidFormat(format!(
+            "{name}/{DATA_FILE} is {data_len} bytes, shorter than its committed end {}",
+            header.tail_offset
+        )));
+    }
+    Ok((header, schema))
+}
+
+impl Segment {
+    /// Opens the committed local store at `dir` as `kind`.
+    pub(crate) fn open_local(dir: &Path, kind: Kind, access: DataAccess) -> Result<Segment> {
+        let meta_path = dir.join(META_FILE);
+        let meta_file = File::open(&meta_path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::NotFound {
+                path: dir.to_path_buf(),
+                reason: if dir.is_dir() {
+                    format!("the directory has no {META_FILE}")
+                } else {
+                    "no such directory".into()
+                },
+            },
+            _ => Error::io(format!("opening {}", meta_path.display()), e),
+        })?;
+        io::try_lock(&meta_file, LockMode::Shared, &meta_path)?;
+
+        let size_of = |file: &File, path: &Path| {
+            file.metadata()
+                .map(|m| m.len())
+                .map_err(|e| Error::io(format!("reading the size of {}", path.display()), e))
+        };
+        let meta_len = size_of(&meta_file, &meta_path)?;
+        if meta_len < PAGE_SIZE {
+            return Err(Error::InvalidFormat(format!(
+                "{} is {meta_len} bytes, shorter than its {PAGE_SIZE}-byte static page",
+                meta_path.display()
+            )));
+        }
+        let mut page = vec![0u8; PAGE_SIZE as usize];
+        io::read_exact_at(&meta_file, &mut page, 0)
+            .map_err(|e| Error::io(format!("reading {}", meta_path.display()), e))?;
+
+        let data_path = dir.join(DATA_FILE);
+        let data_file = File::open(&data_path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                Error::InvalidFormat(format!("{} is missing", data_path.display()))
+            }
+            _ => Error::io(format!("opening {}", data_path.display()), e),
+        })?;
+        let data_len = size_of(&data_file, &data_path)?;
+        let name = dir.display().to_string();
+        let (header, schema) = parse_page(&page, kind, meta_len, data_len, &name)?;
+
+        let dict_path = dir.join(DICT_FILE);
+        let dict_size = match std::fs::metadata(&dict_path) {
+            Ok(m) => Some(m.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Error::io(format!("inspecting {}", dict_path.display()), e)),
+        };
+        let disk_bytes = meta_len + data_len + dict_size.unwrap_or(0);
+        let dict = if check_dict(dict_size, header.codec, &name)? {
+            Some(
+                std::fs::read(&dict_path)
+                    .map_err(|e| Error::io(format!("reading {}", dict_path.display()), e))?,
+            )
+        } else {
+            None
+        };
+
+        let table = match header.length {
+            0 => Table::Empty,
+            _ => match map_file(&meta_file, &meta_path)? {
+                Some(map) => Table::Mapped(map),
+                None => Table::Empty,
+            },
+        };
+        let data = match (header.tail_offset, access.resolve(&header)) {
+            (0, _) => Payload::Empty,
+            (_, DataAccess::Map) => match map_file(&data_file, &data_path)? {
+                Some(map) => Payload::Mapped(map),
+                None => Payload::Empty,
+            },
+            (_, _) => Payload::File(data_file),
+        };
+        Ok(Segment {
+            name,
+            header,
+            schema,
+            table,
+            data,
+            dict,
+            pool: 0,
+            disk_bytes,
+            _lock: Some(meta_file),
+        })
+    }
+
+    /// Opens the committed store under the object-storage folder `remote`.
+    pub(crate) async fn open_remote(remote: &Remote, kind: Kind) -> Result<Segment> {
+        let name = remote.url().to_string();
+        let (meta, data, dict) = futures::try_join!(
+            remote.head(META_FILE),
+            remote.head(DATA_FILE),
+            remote.head(DICT_FILE)
+        )?;
+        let Some(meta) = meta else {
+            return Err(Error::NotFound {
+                path: name.into(),
+                reason: format!("no {META_FILE} there"),
+            });
+        };
+        if meta.size < PAGE_SIZE {
+            return Err(Error::InvalidFormat(format!(
+                "{name}/{META_FILE} is {} bytes, shorter than its {PAGE_SIZE}-byte static page",
+                meta.size
+            )));
+        }
+        let Some(data) = data else {
+            return Err(Error::InvalidFormat(format!(
+                "{name}/{DATA_FILE} is missing"
+            )));
+        };
+        // The page, and with it the whole table when that is small.
+        let first = meta.size.min(PAGE_SIZE + EAGER_TABLE_BYTES);
+        let (head, _) = remote.get_range(META_FILE, 0..first, Some(&meta)).await?;
+        let (header, schema) = parse_page(&head, kind, meta.size, data.size, &name)?;
+        let disk_bytes = meta.size + data.size + dict.as_ref().map_or(0, |d| d.size);
+        let dict = if check_dict(dict.map(|d| d.size), header.codec, &name)? {
+            match remote.get_all(DICT_FILE).await? {
+                Some((bytes, _)) => Some(bytes.to_vec()),
+                None => {
+                    return Err(Error::InvalidFormat(format!(
+                        "{name}/{DICT_FILE} disappeared while the store was being opened"
+                    )))
+                }
+            }
+        } else {
+            None
+        };
+
+        let table = if header.length == 0 {
+            Table::Empty
+        } else {
+            let chunks = header.length.div_ceil(TABLE_CHUNK) as usize;
+            let table = RemoteTable {
+                remote: remote.clone(),
+                info: meta,
+                chunks: (0..chunks).map(|_| OnceLock::new()).collect(),
+            };
+            // Chunks wholly inside what the first request brought.
+            for c in 0..chunks as u64 {
+                let range = table.chunk_range(c, header.length);
+                if range.end > first {
+                    break;
+                }
+                let _ = table.chunks[c as usize]
+                    .set(head.slice(range.start as usize..range.end as usize));
+            }
+            Table::Remote(table)
+        };
+        let payload = match header.tail_offset {
+            0 => Payload::Empty,
+            _ => Payload::Remote {
+                remote: remote.clone(),
+                info: data,
+            },
+        };
+        Ok(Segment {
+            name,
+            header,
+            schema,
+            table,
+            data: payload,
+            dict,
+            pool: 0,
+            disk_bytes,
+            _lock: None,
+        })
+    }
+
+    /// Number of records.
+    pub(crate) fn len(&self) -> u64 {
+        self.header.length
+    }
+
+    /// How `data.zr` is read.
+    pub(crate) fn data_access(&self) -> DataAccess {
+        match self.data {
+            Payload::Mapped(_) => DataAccess::Map,
+            _ => DataAccess::Read,
+        }
+    }
+
+    /// Fetches the table chunks covering `locals` that are not here yet
+    /// (remote segments; a no-op for local ones).
+    pub(crate) async fn fetch_table(&self, locals: impl Iterator<Item = u64>) -> Result<()> {
+        let Table::Remote(table) = &self.table else {
+            return Ok(());
+        };
+        let mut wanted: Vec<u64> = locals
+            .map(|i| i / TABLE_CHUNK)
+            .filter(|&c| {
+                table
+                    .chunks
+                    .get(c as usize)
+                    .is_some_and(|s| s.get().is_none())
+            })
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        table.fetch(&wanted, self.header.length).await
+    }
+
+    /// The validated table entry of local record `local`; `label` is the
+    /// index callers know it by (the global one in a set), for messages.
+    #[inline]
+    pub(crate) fn loc(&self, local: u64, label: u64) -> Result<RecordLoc> {
+        let entry = |bytes: &[u8], at: usize| RecordLoc::decode(&bytes[at..at + LOC_SIZE]);
+        let loc = match &self.table {
+            Table::Mapped(map) => entry(map, (PAGE_SIZE + local * LOC_SIZE as u64) as usize),
+            Table::Remote(table) => {
+                let c = local / TABLE_CHUNK;
+                let slot = &table.chunks[c as usize];
+                let chunk = match slot.get() {
+                    Some(chunk) => chunk,
+                    None => {
+                        // Gathers fetch their chunks in bulk first; this is
+                        // the slow path of a lone lookup.
+                        remote::block_on(table.fetch(&[c], self.header.length))??;
+                        slot.get().expect("fetched")
+                    }
+                };
+                entry(chunk, ((local % TABLE_CHUNK) * LOC_SIZE as u64) as usize)
+            }
+            Table::Empty => unreachable!("callers check the index against the length"),
+        };
+        loc.validate(label, self.header.codec, self.header.tail_offset)?;
+        Ok(loc)
+    }
+
+    /// Decodes the record of a validated entry of a local segment into `dst`
+    /// (exactly its logical size). `label` names the record in messages.
+    #[inline]
+    pub(crate) fn read_record(
+        &self,
+        label: u64,
+        loc: &RecordLoc,
+        dst: &mut [u8],
+        dec: &mut Decoder,
+    ) -> Result<()> {
+        let start = loc.offset;
+        let len = loc.phys_length as usize;
+        match &self.data {
+            Payload::Mapped(map) => {
+                let start = start as usize;
+                dec.decode_into(label, &map[start..start + len], dst)
+            }
+            Payload::File(file) => {
+                let read = |buf: &mut [u8]| {
+                    io::read_exact_at(file, buf, start).map_err(|e| {
+                        Error::io(
+                            format!("reading record {label} from {}/{DATA_FILE}", self.name),
+                            e,
+                        )
+                    })
+                };
+                if self.header.codec == Codec::Raw && len == dst.len() {
+                    // Raw records land in place: one read, no copy.
+                    read(dst)
+                } else {
+                    dec.staging.resize(len, 0);
+                    read(&mut dec.staging)?;
+                    dec.decode_staged(label, dst)
+                }
+            }
+            Payload::Remote { .. } => Err(Error::State(
+                "internal error: a remote record was read as a local one".into(),
+            )),
+            Payload::Empty => Err(Error::InvalidFormat(format!(
+                "record {label}: the store has no payload"
+            ))),
+        }
+    }
+}
+
+impl RemoteTable {
+    /// Byte range of chunk `c` in `meta.zr`.
+    fn chunk_range(&self, c: u64, length: u64) -> std::ops::Range<u64> {
+        let first = c * TABLE_CHUNK;
+        let last = ((c + 1) * TABLE_CHUNK).min(length);
+        PAGE_SIZE + first * LOC_SIZE as u64..PAGE_SIZE + last * LOC_SIZE as u64
+    }
+
+    /// Fetches chunks `wanted` (sorted), neighbours merged into one request,
+    /// requests in parallel.
+    async fn fetch(&self, wanted: &[u64], length: u64) -> Result<()> {
+        use futures::{StreamExt, TryStreamExt};
+        let tuning = self.remote.tuning();
+        let per_request = (tuning.max_request_bytes / (TABLE_CHUNK * LOC_SIZE as u64)).max(1);
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for &c in wanted {
+            match runs.last_mut() {
+                Some((first, last)) if *last + 1 == c && c - *first < per_request => *last = c,
+                _ => runs.push((c, c)),
+            }
+        }
+        futures::stream::iter(runs)
+            .map(|(first, last)| async move {
+                let start = self.chunk_range(first, length).start;
+                let end = self.chunk_range(last, length).end;
+                let (bytes, _) = self
+                    .remote
+                    .get_range(META_FILE, start..end, Some(&self.info))
+                    .await?;
+                for c in first..=last {
+                    let r = self.chunk_range(c, length);
+                    let piece = bytes.slice((r.start - start) as usize..(r.end - start) as usize);
+                    let _ = self.chunks[c as usize].set(piece);
+                }
+                Ok::<(), Error>(())
+            })
+            .buffer_unordered(tuning.max_in_flight)
+            .try_collect::<()>()
+            .await
+    }
+}
