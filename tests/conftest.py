@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# The session's S3 server (SeaweedFS on 127.0.0.1) and a bucket per test.
+pytest_plugins = ["_s3_fixtures"]
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # shared/ sits beside the repository checkout (in CI as well as locally).
 FIXTURES = REPO_ROOT.parent / "shared" / "fixtures" / "loaderx-2.0.0"

@@ -222,3 +222,52 @@ def test_an_unclosed_set_is_explained_by_info(tmp_path):
         del w
     with pytest.raises(tools.NotAStoreError, match="store set whose writer never closed"):
         tools.info(tmp_path / "s")
+
+
+# -- distributed builds ------------------------------------------------------
+
+
+def test_shards_written_by_independent_tasks_commit_into_a_set(tmp_path):
+    from loaderx import sets
+
+    data = images(30)
+    root = tmp_path / "built"
+    # Tasks finish in any order; the commit's order is the set's row order.
+    second = sets.write_shard(str(root), "part-1-b7", [data[12:20], data[20:]], dtype=np.uint8,
+                              item_shape=(3, 4, 4))
+    first = sets.write_shard(str(root), "part-0-a3", [data[:12]], dtype=np.uint8,
+                             item_shape=(3, 4, 4))
+    assert first == {"path": "part-0-a3", "records": 12, "data_bytes": first["data_bytes"]}
+    # A failed attempt leaves an unlisted, uncommitted folder.
+    def failing():
+        yield data[:5]
+        raise RuntimeError("task lost")
+    with pytest.raises(RuntimeError, match="task lost"):
+        sets.write_shard(str(root), "part-1-dead", failing(), dtype=np.uint8, item_shape=(3, 4, 4))
+    manifest = sets.commit(str(root), [first, second], dtype=np.uint8, item_shape=(3, 4, 4))
+    assert manifest["records"] == 30 and [s["path"] for s in manifest["shards"]] == [
+        "part-0-a3", "part-1-b7"]
+    with Dense.open(root) as ds:
+        np.testing.assert_array_equal(ds[:], data)
+
+    recs = token_records(9)
+    r = sets.write_shard(str(tmp_path / "tok"), "p0", [recs[:4], recs[4:]], dtype=np.int32)
+    sets.commit(str(tmp_path / "tok"), [r], dtype=np.int32)
+    with Ragged.open(tmp_path / "tok") as rs:
+        np.testing.assert_array_equal(rs[8], recs[8])
+
+
+def test_a_commit_that_would_not_open_publishes_nothing(tmp_path):
+    from loaderx import sets
+
+    root = tmp_path / "s"
+    ok = sets.write_shard(str(root), "p0", [images(4)], dtype=np.uint8, item_shape=(3, 4, 4))
+    with pytest.raises(ZrecordError, match="it holds 4 records, the manifest says 5"):
+        sets.commit(str(root), [{**ok, "records": 5}], dtype=np.uint8, item_shape=(3, 4, 4))
+    with pytest.raises(ZrecordError, match="is missing"):
+        sets.commit(str(root), [ok, {**ok, "path": "p9"}], dtype=np.uint8, item_shape=(3, 4, 4))
+    assert not (root / "manifest.json").exists()
+    with pytest.raises(ValueError, match="must be a relative path"):
+        sets.write_shard(str(root), "../escape", [images(1)], dtype=np.uint8, item_shape=(3, 4, 4))
+    with pytest.raises(ValueError, match="at least one shard"):
+        sets.commit(str(root), [], dtype=np.uint8, item_shape=(3, 4, 4))

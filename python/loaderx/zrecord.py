@@ -366,6 +366,16 @@ class _Store:
         elif self._reader is not None:
             self._reader.close()
 
+    def _commit(self) -> list[tuple[str, int, int]]:
+        """Closes a writer and returns what it committed, as
+        ``(shard path, records, data_bytes)`` (a plain store: one entry, path "")."""
+        return self._require_writer().close(False)
+
+    def _abandon(self) -> None:
+        """Drops a writer without committing: its store stays unpublished
+        (refused by readers; nothing reaches object storage)."""
+        self._writer = None
+
     def __del__(self) -> None:
         # Like an unclosed file: a writer dropped without close() leaves an
         # uncommitted store that open() refuses. Say so where Python shows

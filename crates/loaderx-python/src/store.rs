@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use loaderx::remote::StorageOptions;
 use loaderx::schema::{DType, Kind, Schema};
+use loaderx::store::manifest::ShardEntry;
 use loaderx::store::{
     DataAccess, DatasetWriter, RaggedRecord, Sharding, StoreReader, WriteOptions,
 };
@@ -26,6 +27,7 @@ use crate::arrays::{dense_array, packed_tuple, ragged_list};
 use crate::errors::IntoPyResult;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(commit_set, m)?)?;
     m.add_class::<WriterHandle>()?;
     m.add_class::<ReaderHandle>()?;
     Ok(())
@@ -43,6 +45,51 @@ fn parse_kind(kind: &str) -> PyResult<Kind> {
 
 fn closed_error(what: &str) -> PyErr {
     PyRuntimeError::new_err(format!("{what} is closed"))
+}
+
+/// Writes the manifest of a set whose shards (`(path, records,
+/// data_bytes)`, in record order) are committed under `root`, after checking
+/// that they open as the manifest says; returns the manifest's JSON text.
+#[pyfunction]
+#[pyo3(signature = (root, kind, dtype, item_shape, codec, shards, storage_options=None))]
+#[allow(clippy::too_many_arguments)]
+fn commit_set(
+    py: Python<'_>,
+    root: String,
+    kind: &str,
+    dtype: &str,
+    item_shape: Option<Vec<u64>>,
+    codec: &str,
+    shards: Vec<(String, u64, u64)>,
+    storage_options: Option<BTreeMap<String, Bound<'_, PyAny>>>,
+) -> PyResult<String> {
+    let storage = self::storage_options(storage_options)?;
+    let schema = schema_of(py, parse_kind(kind)?, dtype, item_shape)?;
+    let codec = Codec::from_name(codec).py(py)?;
+    let entries = shards
+        .into_iter()
+        .map(|(path, records, bytes)| ShardEntry::new(path, records, bytes))
+        .collect();
+    let manifest = py
+        .detach(|| loaderx::store::commit_set(&root, &schema, codec, entries, &storage))
+        .py(py)?;
+    Ok(String::from_utf8(manifest.to_json()).expect("JSON is UTF-8"))
+}
+
+fn schema_of(
+    py: Python<'_>,
+    kind: Kind,
+    dtype: &str,
+    item_shape: Option<Vec<u64>>,
+) -> PyResult<Schema> {
+    let dtype = DType::parse(dtype).py(py)?;
+    match (kind, item_shape) {
+        (Kind::Dense, Some(shape)) => Schema::dense(dtype, shape).py(py),
+        (Kind::Ragged, None) => Ok(Schema::ragged(dtype)),
+        _ => Err(PyValueError::new_err(
+            "item_shape is given exactly for Dense stores",
+        )),
+    }
 }
 
 /// Storage options as the engine takes them: every value a string.
@@ -91,16 +138,7 @@ impl WriterHandle {
         let storage = self::storage_options(storage_options)?;
         let kind = parse_kind(kind)?;
         let codec = Codec::from_name(codec).py(py)?;
-        let dtype = DType::parse(dtype).py(py)?;
-        let schema = match (kind, item_shape) {
-            (Kind::Dense, Some(shape)) => Schema::dense(dtype, shape).py(py)?,
-            (Kind::Ragged, None) => Schema::ragged(dtype),
-            _ => {
-                return Err(PyValueError::new_err(
-                    "item_shape is given exactly for Dense stores",
-                ))
-            }
-        };
+        let schema = schema_of(py, kind, dtype, item_shape)?;
         let dict = dict_bytes.map(|b| b.as_bytes().to_vec());
         let sharding = (shard_records.is_some() || shard_bytes.is_some()).then_some(Sharding {
             records: shard_records,
@@ -194,18 +232,26 @@ impl WriterHandle {
         self.with_writer(py, |w| w.append_ragged(&records))
     }
 
-    /// Commits the store; `durable` flushes payload and table to stable
-    /// storage before the header, and the header before returning.
+    /// Commits the store (a set: its last shard, then the manifest);
+    /// `durable` flushes everything to stable storage first. Returns the
+    /// committed shards as `(path, records, data_bytes)` (a plain store: one
+    /// entry with an empty path); a second close returns an empty list.
     #[pyo3(signature = (durable=false))]
-    fn close(&self, py: Python<'_>, durable: bool) -> PyResult<()> {
+    fn close(&self, py: Python<'_>, durable: bool) -> PyResult<Vec<(String, u64, u64)>> {
         let inner = &self.inner;
         py.detach(|| {
             let mut guard = inner.lock().expect("writer lock poisoned");
+            let mut done = Vec::new();
             if let Some(w) = guard.as_mut() {
                 w.close(durable)?;
+                done = w
+                    .shards()
+                    .iter()
+                    .map(|s| (s.path.clone(), s.records, s.data_bytes))
+                    .collect();
             }
             *guard = None;
-            Ok::<(), Error>(())
+            Ok::<_, Error>(done)
         })
         .py(py)
     }

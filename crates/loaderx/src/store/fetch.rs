@@ -142,10 +142,7 @@ pub(crate) fn fetch_into(
         let (tx, permits) = (tx.clone(), permits.clone());
         let task = remote::spawn(async move {
             let _permit = permits.acquire_owned().await;
-            let got = remote
-                .get_range(DATA_FILE, range, Some(&info))
-                .await
-                .map(|(bytes, _)| bytes);
+            let got = remote.read_range(DATA_FILE, range, &info).await;
             let _ = tx.send((gi, got));
         })?;
         requests.0.push(task.abort_handle());

@@ -432,9 +432,9 @@ impl RemoteTable {
             .map(|(first, last)| async move {
                 let start = self.chunk_range(first, length).start;
                 let end = self.chunk_range(last, length).end;
-                let (bytes, _) = self
+                let bytes = self
                     .remote
-                    .get_range(META_FILE, start..end, Some(&self.info))
+                    .read_range(META_FILE, start..end, &self.info)
                     .await?;
                 for c in first..=last {
                     let r = self.chunk_range(c, length);

@@ -36,6 +36,11 @@ use url::Url;
 
 use crate::error::{Error, Result};
 
+mod cache;
+
+use cache::BlockCache;
+pub use cache::{CACHE_DIR_ENV, CACHE_LIMIT_ENV, DEFAULT_CACHE_BLOCK, DEFAULT_CACHE_LIMIT};
+
 /// Per-call settings of remote access: object_store builder keys and the
 /// loaderx keys of [`Tuning`].
 pub type StorageOptions = BTreeMap<String, String>;
@@ -71,7 +76,10 @@ impl Default for Tuning {
     }
 }
 
-const TUNING_KEYS: [&str; 5] = [
+const TUNING_KEYS: [&str; 8] = [
+    "cache_dir",
+    "cache_limit",
+    "cache_block_bytes",
     "max_in_flight",
     "coalesce_bytes",
     "max_request_bytes",
@@ -242,19 +250,18 @@ struct ClientCell {
     base: Url,
     options: StorageOptions,
     tuning: Tuning,
+    cache: Option<BlockCache>,
     client: Mutex<Option<(u32, Arc<dyn ObjectStore>)>>,
 }
 
 impl ClientCell {
     fn build(&self) -> Result<Arc<dyn ObjectStore>> {
-        let mut client_options = ClientOptions::new()
+        // Precedence: loaderx's defaults, then the environment, then the
+        // caller's options (the order object_store's `from_env` +
+        // `with_config` give, with our defaults underneath).
+        let defaults = ClientOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
             .with_timeout(Duration::from_secs(60));
-        if std::env::var("AWS_ALLOW_HTTP").is_ok_and(|v| v.eq_ignore_ascii_case("true"))
-            && self.base.scheme() == "s3"
-        {
-            client_options = client_options.with_allow_http(true);
-        }
         let retry = RetryConfig {
             backoff: BackoffConfig {
                 init_backoff: Duration::from_millis(100),
@@ -264,79 +271,79 @@ impl ClientCell {
             max_retries: self.tuning.max_retries,
             retry_timeout: self.tuning.retry_timeout,
         };
-        let keys = self
+        let url = self.base.as_str();
+        let options: Vec<(&String, &String)> = self
             .options
             .iter()
-            .filter(|(k, _)| !TUNING_KEYS.contains(&k.as_str()));
-        let url = self.base.as_str();
-        let bad_key = |k: &str, what: &str| {
-            Error::InvalidArgument(format!("storage option {k:?} is not a {what} setting"))
-        };
-        let built: std::result::Result<Arc<dyn ObjectStore>, object_store::Error> =
-            match self.base.scheme() {
-                "s3" | "s3a" => {
-                    let mut b = AmazonS3Builder::from_env()
-                        .with_url(url)
-                        .with_client_options(client_options)
-                        .with_retry(retry);
-                    for (k, v) in keys {
-                        let key = k
-                            .to_ascii_lowercase()
-                            .parse()
-                            .map_err(|_| bad_key(k, "S3"))?;
-                        b = b.with_config(key, v);
-                    }
-                    b.build().map(|s| Arc::new(s) as _)
-                }
-                "gs" => {
-                    let mut b = GoogleCloudStorageBuilder::from_env()
-                        .with_url(url)
-                        .with_client_options(client_options)
-                        .with_retry(retry);
-                    for (k, v) in keys {
-                        let key = k
-                            .to_ascii_lowercase()
-                            .parse()
-                            .map_err(|_| bad_key(k, "GCS"))?;
-                        b = b.with_config(key, v);
-                    }
-                    b.build().map(|s| Arc::new(s) as _)
-                }
-                "az" | "azure" | "abfs" | "abfss" | "adl" => {
-                    let mut b = MicrosoftAzureBuilder::from_env()
-                        .with_url(url)
-                        .with_client_options(client_options)
-                        .with_retry(retry);
-                    for (k, v) in keys {
-                        let key = k
-                            .to_ascii_lowercase()
-                            .parse()
-                            .map_err(|_| bad_key(k, "Azure"))?;
-                        b = b.with_config(key, v);
-                    }
-                    b.build().map(|s| Arc::new(s) as _)
-                }
-                "http" | "https" => {
-                    let mut b = HttpBuilder::new()
-                        .with_url(url)
-                        .with_client_options(client_options.with_allow_http(true))
-                        .with_retry(retry);
-                    for (k, v) in keys {
-                        let key = k
-                            .to_ascii_lowercase()
-                            .parse()
-                            .map_err(|_| bad_key(k, "HTTP"))?;
-                        b = b.with_config(key, v);
-                    }
-                    b.build().map(|s| Arc::new(s) as _)
-                }
-                other => {
-                    return Err(Error::InvalidArgument(format!(
-                        "unsupported URL scheme {other:?}: expected s3://, gs://, az://, \
-                         http(s):// or file://"
-                    )))
-                }
+            .filter(|(k, _)| !TUNING_KEYS.contains(&k.as_str()))
+            .collect();
+        let from_env = |prefix: Option<&str>| -> Vec<(String, String)> {
+            let Some(prefix) = prefix else {
+                return Vec::new();
             };
+            std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+                .filter(|(k, _)| k.starts_with(prefix))
+                .map(|(k, v)| (k.to_ascii_lowercase(), v))
+                .collect()
+        };
+        // One builder type per scheme, configured the same way.
+        macro_rules! configure {
+            ($builder:expr, $client:expr, $env:expr, $what:expr) => {{
+                let mut b = $builder
+                    .with_url(url)
+                    .with_client_options($client)
+                    .with_retry(retry.clone());
+                for (k, v) in from_env($env) {
+                    // Unrelated variables sharing the prefix are not ours to refuse.
+                    if let Ok(key) = k.parse() {
+                        b = b.with_config(key, v);
+                    }
+                }
+                for (k, v) in &options {
+                    let key = k.to_ascii_lowercase().parse().map_err(|_| {
+                        Error::InvalidArgument(format!(
+                            "storage option {k:?} is not a {} setting",
+                            $what
+                        ))
+                    })?;
+                    b = b.with_config(key, v.as_str());
+                }
+                b.build().map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
+            }};
+        }
+        let built = match self.base.scheme() {
+            "s3" | "s3a" => configure!(AmazonS3Builder::new(), defaults, Some("AWS_"), "S3"),
+            "gs" => configure!(
+                GoogleCloudStorageBuilder::new(),
+                defaults,
+                Some("GOOGLE_"),
+                "GCS"
+            ),
+            "az" | "azure" | "abfs" | "abfss" | "adl" => {
+                configure!(
+                    MicrosoftAzureBuilder::new(),
+                    defaults,
+                    Some("AZURE_"),
+                    "Azure"
+                )
+            }
+            // Plain http:// is what the user asked for by writing it.
+            "http" | "https" => {
+                configure!(
+                    HttpBuilder::new(),
+                    defaults.with_allow_http(true),
+                    None,
+                    "HTTP"
+                )
+            }
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unsupported URL scheme {other:?}: expected s3://, gs://, az://, \
+                     http(s):// or file://"
+                )))
+            }
+        };
         built.map_err(|e| {
             Error::InvalidArgument(format!(
                 "cannot configure object storage for {}: {e}",
@@ -421,6 +428,7 @@ impl Remote {
                 base,
                 options: options.clone(),
                 tuning,
+                cache: BlockCache::from_options(options)?,
                 client: Mutex::new(None),
             }),
             shown: redact(&parsed),
@@ -492,6 +500,7 @@ impl Remote {
             .bytes()
             .await
             .map_err(|e| self.error("reading", name, e))?;
+        count(bytes.len());
         if bytes.len() as u64 != info.size {
             return Err(Error::Remote(format!(
                 "{}: received {} bytes of a {}-byte object",
@@ -531,6 +540,7 @@ impl Remote {
             .bytes()
             .await
             .map_err(|e| self.error("reading", name, e))?;
+        count(bytes.len());
         let want = range.end - range.start;
         if bytes.len() as u64 != want {
             return Err(Error::Remote(format!(
@@ -543,6 +553,77 @@ impl Remote {
             )));
         }
         Ok((bytes, info))
+    }
+
+    /// Bytes `range` of object `name`, whose version at open was `expect`:
+    /// from the local block cache where configured (fetching and caching the
+    /// blocks it lacks), else straight from the server.
+    pub(crate) async fn read_range(
+        &self,
+        name: &str,
+        range: Range<u64>,
+        expect: &ObjectInfo,
+    ) -> Result<Bytes> {
+        let Some(cache) = &self.cell.cache else {
+            return Ok(self.get_range(name, range, Some(expect)).await?.0);
+        };
+        let url = self.shown(name);
+        let key = format!(
+            "{url}\0{}\0{}",
+            expect.size,
+            expect.etag.as_deref().unwrap_or("")
+        );
+        let Ok(dir) = cache.object_dir(&key) else {
+            // An unusable cache folder must not fail the read.
+            return Ok(self.get_range(name, range, Some(expect)).await?.0);
+        };
+        let b = cache.block();
+        let first = range.start / b;
+        let last = (range.end.max(range.start + 1) - 1) / b;
+        let mut blocks: Vec<Option<Bytes>> = (first..=last).map(|i| cache.get(&dir, i)).collect();
+        // Missing blocks, fetched a run of neighbours per request.
+        let mut i = 0;
+        while i < blocks.len() {
+            if blocks[i].is_some() {
+                i += 1;
+                continue;
+            }
+            let mut j = i;
+            while j + 1 < blocks.len() && blocks[j + 1].is_none() {
+                j += 1;
+            }
+            let start = (first + i as u64) * b;
+            let end = ((first + j as u64 + 1) * b).min(expect.size);
+            let (bytes, _) = self.get_range(name, start..end, Some(expect)).await?;
+            for (n, slot) in blocks[i..=j].iter_mut().enumerate() {
+                let at = n * b as usize;
+                let block = bytes.slice(at..(at + b as usize).min(bytes.len()));
+                cache.put(&dir, first + (i + n) as u64, &block);
+                *slot = Some(block);
+            }
+            i = j + 1;
+        }
+        let mut out = Vec::with_capacity((range.end - range.start) as usize);
+        for (k, block) in blocks.into_iter().enumerate() {
+            let block = block.expect("every block fetched");
+            let base = (first + k as u64) * b;
+            let from = range.start.saturating_sub(base) as usize;
+            let to = ((range.end - base) as usize).min(block.len());
+            if from > to {
+                return Err(Error::Remote(format!(
+                    "{url}: cached block {} is shorter than the object says",
+                    first + k as u64
+                )));
+            }
+            out.extend_from_slice(&block[from..to]);
+        }
+        if out.len() as u64 != range.end - range.start {
+            return Err(Error::Remote(format!(
+                "{url}: bytes {}..{} are past the end of the cached object",
+                range.start, range.end
+            )));
+        }
+        Ok(Bytes::from(out))
     }
 
     /// Stores `bytes` as object `name` in one request.
