@@ -14,4 +14,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 VIRTUAL_ENV="$PWD/.venv" .venv/bin/maturin develop --release -q
-.venv/bin/python -m pytest "$@"
+# The object-storage tests start a real S3 server (SeaweedFS, from
+# requirements-dev.txt) on 127.0.0.1; here it is required, never skipped.
+LOADERX_REQUIRE_S3="${LOADERX_REQUIRE_S3:-1}" .venv/bin/python -m pytest "$@"

@@ -138,29 +138,53 @@ def test_a_set_in_object_storage_feeds_a_sharded_loader(s3_server, s3_bucket, tm
     assert tools.verify(f"{base}/x", storage_options=opts).ok
 
 
-def _runs(sorted_idx: np.ndarray) -> int:
-    """Runs of consecutive record indices (adjacent records touch on disk)."""
-    return 1 + int(np.count_nonzero(np.diff(sorted_idx) != 1))
+def _expected_requests(idx, record: int, coalesce: int, cap: int = 16 << 20) -> int:
+    """The documented merge rule, for raw records of ``record`` bytes laid
+    back to back: a gap is bridged when it is at most ``coalesce`` bytes and
+    the request then reads no more unneeded bytes than needed ones."""
+    requests, span = 0, None
+    for i in sorted(idx):
+        start, end = i * record, (i + 1) * record
+        if span is not None:
+            first, last, useful, wasted = span
+            gap = max(0, start - last)
+            if (gap <= coalesce and wasted + gap <= useful + record
+                    and max(last, end) - first <= cap):
+                span = (first, max(last, end), useful + record, wasted + gap)
+                continue
+        requests += 1
+        span = (start, end, record, 0)
+    return requests
 
 
 def test_gathers_merge_neighbouring_ranges(s3_server, s3_bucket):
-    """A random batch of 256 raw 2 KiB records from a 4 MiB store is one
-    ranged request by default (every gap is under the 1 MiB merge
-    threshold), and one request per run of adjacent records without merging."""
+    """Requests per gather follow the merge rule: one for a run of adjacent
+    records, one per cluster of near ones, never bytes for far-apart ones."""
     data = np.random.default_rng(0).integers(0, 255, size=(2048, 2048), dtype=np.uint8)
     url = f"s3://{s3_bucket}/records"
     opts = options(s3_server)
     with Dense.create(url, data.dtype, data.shape[1:], codec="raw", storage_options=opts) as w:
         w.append(data)
-    idx = np.random.default_rng(1).choice(2048, size=256, replace=False)
-    for extra, expected in (({}, 1), ({"coalesce_bytes": 0}, _runs(np.sort(idx)))):
+    rng = np.random.default_rng(1)
+    random_idx = rng.choice(2048, size=256, replace=False)
+    clustered = np.concatenate([np.arange(k, k + 8) for k in range(0, 2048, 64)])[::2]
+    cases = [
+        ({}, np.arange(100, 356), 1),  # one contiguous run
+        ({}, random_idx, _expected_requests(random_idx, 2048, 1 << 20)),
+        ({}, clustered, 32),  # every other record of 32 clusters: each one request
+        ({"coalesce_bytes": 0}, clustered, 128),
+        ({"max_request_bytes": 4096}, np.arange(0, 8), 4),
+    ]
+    for extra, idx, expected in cases:
         # The table (32 KiB) comes with the header page at open.
         with Dense.open(url, storage_options=options(s3_server, **extra)) as ds:
             before = _native.remote_stats()
             np.testing.assert_array_equal(ds[idx], data[idx])
             requests = _native.remote_stats()[0] - before[0]
-        assert requests == expected, (extra, requests)
-    assert expected > 100
+            fetched = _native.remote_stats()[1] - before[1]
+        assert requests == expected, (extra, requests, expected)
+        assert fetched <= 2 * 2048 * len(set(idx.tolist())), "merging at most doubles the bytes"
+    assert _expected_requests(random_idx, 2048, 1 << 20) > 150  # far apart: mostly alone
 
 
 def test_missing_stores_and_buckets(s3_server, s3_bucket):

@@ -184,6 +184,11 @@ class DataLoader:
 
     # -- pipeline -------------------------------------------------------------
     def _start(self, step: int) -> None:
+        prefetch = self._native_prefetch()
+        # Gathers from object storage mostly wait on round trips, not on the
+        # CPU: a producer per slot keeps every prefetched step's requests in
+        # flight at once (memory stays bounded by the slots).
+        remote = any(s._reader.data_access == "remote" for s in self._streams.values())
         core = _native.LoaderHandle(
             [s._reader for s in self._streams.values()],
             [s.dtype for s in self._streams.values()],
@@ -192,10 +197,10 @@ class DataLoader:
             self._mode,
             self._seed,
             step,
-            self._native_prefetch(),
+            prefetch,
             self._shard_index,
             self._shard_count,
-            2,
+            max(2, prefetch) if remote else 2,
         )
         self._pipe = _Pipeline(core, self._names, self._transform, self._transform_workers, step)
         self._closed = False

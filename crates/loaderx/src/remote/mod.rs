@@ -51,8 +51,9 @@ pub type StorageOptions = BTreeMap<String, String>;
 pub struct Tuning {
     /// Most requests a gather keeps in flight at once (`max_in_flight`).
     pub max_in_flight: usize,
-    /// Records whose byte ranges lie at most this far apart are fetched in
-    /// one request (`coalesce_bytes`).
+    /// Records whose byte ranges lie at most this far apart may be fetched
+    /// in one request (`coalesce_bytes`), as long as the merged request
+    /// reads no more unneeded bytes than needed ones.
     pub coalesce_bytes: u64,
     /// Largest merged request (`max_request_bytes`); larger merges are split
     /// so their parts download in parallel. A single record is never split.

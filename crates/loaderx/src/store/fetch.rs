@@ -31,11 +31,53 @@ pub(crate) struct Work<'a> {
     pub slot: &'a mut [u8],
 }
 
-/// Records fetched by one request: bytes `start..end` of a segment's `data.zr`.
-struct Group<'a> {
+/// One planned request: bytes `start..end` of segment `seg`'s `data.zr`.
+#[derive(Clone, Copy, Debug)]
+struct Span {
     seg: usize,
     start: u64,
     end: u64,
+    /// Bytes of the records it covers.
+    useful: u64,
+    /// Bytes of the gaps between them.
+    wasted: u64,
+}
+
+impl Span {
+    fn new(seg: usize, start: u64, end: u64) -> Span {
+        Span {
+            seg,
+            start,
+            end,
+            useful: end - start,
+            wasted: 0,
+        }
+    }
+
+    /// Extends the request over the next range (ranges come sorted) when
+    /// merging pays: the gap is at most `coalesce_bytes`, the request reads
+    /// no more unneeded bytes than needed ones (so merging at most doubles
+    /// the bytes fetched), and it stays within `max_request_bytes`.
+    fn absorb(&mut self, seg: usize, start: u64, end: u64, tuning: &Tuning) -> bool {
+        let gap = start.saturating_sub(self.end);
+        let len = end - start;
+        let merged_end = self.end.max(end);
+        let pays = seg == self.seg
+            && gap <= tuning.coalesce_bytes
+            && self.wasted + gap <= self.useful + len
+            && merged_end - self.start <= tuning.max_request_bytes;
+        if pays {
+            self.end = merged_end;
+            self.useful += len;
+            self.wasted += gap;
+        }
+        pays
+    }
+}
+
+/// The records one request brings.
+struct Group<'a> {
+    span: Span,
     items: Vec<Work<'a>>,
 }
 
@@ -47,17 +89,13 @@ fn plan<'a>(mut work: Vec<Work<'a>>, tuning: &Tuning) -> Vec<Group<'a>> {
         let start = w.loc.offset;
         let end = start + w.loc.phys_length as u64;
         if let Some(g) = groups.last_mut() {
-            let near = start <= g.end.saturating_add(tuning.coalesce_bytes);
-            if g.seg == w.seg && near && end.max(g.end) - g.start <= tuning.max_request_bytes {
-                g.end = g.end.max(end);
+            if g.span.absorb(w.seg, start, end, tuning) {
                 g.items.push(w);
                 continue;
             }
         }
         groups.push(Group {
-            seg: w.seg,
-            start,
-            end,
+            span: Span::new(w.seg, start, end),
             items: vec![w],
         });
     }
@@ -70,20 +108,14 @@ pub fn request_count(ranges: &[(usize, u64, u64)], tuning: &Tuning) -> usize {
     let mut sorted = ranges.to_vec();
     sorted.sort_unstable();
     let mut count = 0;
-    let mut current: Option<(usize, u64, u64)> = None;
+    let mut current: Option<Span> = None;
     for (seg, start, end) in sorted {
-        match &mut current {
-            Some((s, first, last))
-                if *s == seg
-                    && start <= last.saturating_add(tuning.coalesce_bytes)
-                    && end.max(*last) - *first <= tuning.max_request_bytes =>
-            {
-                *last = (*last).max(end);
-            }
-            _ => {
-                count += 1;
-                current = Some((seg, start, end));
-            }
+        let merged = current
+            .as_mut()
+            .is_some_and(|span| span.absorb(seg, start, end, tuning));
+        if !merged {
+            count += 1;
+            current = Some(Span::new(seg, start, end));
         }
     }
     count
@@ -96,10 +128,10 @@ fn decode(
     group: Group<'_>,
     bytes: &Bytes,
 ) -> Result<()> {
-    let seg = &segments[group.seg];
+    let seg = &segments[group.span.seg];
     let mut dec = pools[seg.pool].get()?;
     for w in group.items {
-        let at = (w.loc.offset - group.start) as usize;
+        let at = (w.loc.offset - group.span.start) as usize;
         let frame = &bytes[at..at + w.loc.phys_length as usize];
         dec.decode_into(w.label, frame, w.slot)?;
     }
@@ -133,12 +165,12 @@ pub(crate) fn fetch_into(
     let permits = Arc::new(tokio::sync::Semaphore::new(tuning.max_in_flight));
     let mut requests = AbortOnDrop(Vec::with_capacity(count));
     for (gi, g) in groups.iter().enumerate() {
-        let Payload::Remote { remote, info } = &segments[g.seg].data else {
+        let Payload::Remote { remote, info } = &segments[g.span.seg].data else {
             return Err(Error::State(
                 "internal error: a local segment in a remote gather".into(),
             ));
         };
-        let (remote, info, range) = (remote.clone(), info.clone(), g.start..g.end);
+        let (remote, info, range) = (remote.clone(), info.clone(), g.span.start..g.span.end);
         let (tx, permits) = (tx.clone(), permits.clone());
         let task = remote::spawn(async move {
             let _permit = permits.acquire_owned().await;
@@ -208,6 +240,14 @@ mod tests {
         // Touching, within the gap, beyond it, another segment.
         let ranges = [(0, 0, 5), (0, 5, 10), (0, 20, 30), (0, 41, 50), (1, 0, 5)];
         assert_eq!(request_count(&ranges, &tuning), 3);
+        // A gap larger than the bytes it would bring along is not worth it.
+        assert_eq!(request_count(&[(0, 0, 2), (0, 8, 10)], &tuning), 2);
+        assert_eq!(request_count(&[(0, 0, 2), (0, 4, 6)], &tuning), 1);
+        // Waste accumulates: 2+2 useful bytes, 2+3 wasted is too much.
+        assert_eq!(
+            request_count(&[(0, 0, 2), (0, 4, 5), (0, 8, 9)], &tuning),
+            2
+        );
         // The cap splits a long run of touching records.
         let run: Vec<_> = (0..30).map(|i| (0, i * 10, i * 10 + 10)).collect();
         assert_eq!(request_count(&run, &tuning), 3);
@@ -238,7 +278,13 @@ mod tests {
         let groups = plan(work, &tuning);
         let shape: Vec<(u64, u64, Vec<u64>)> = groups
             .iter()
-            .map(|g| (g.start, g.end, g.items.iter().map(|w| w.label).collect()))
+            .map(|g| {
+                (
+                    g.span.start,
+                    g.span.end,
+                    g.items.iter().map(|w| w.label).collect(),
+                )
+            })
             .collect();
         assert_eq!(shape, vec![(0, 10, vec![0, 1]), (41, 46, vec![2])]);
     }
