@@ -474,3 +474,27 @@ def test_a_forked_child_reads_with_its_own_client(s3_server, s3_bucket):
                 child.kill()
         np.testing.assert_array_equal(np.array(got, dtype=np.uint8), data[[39, 5]])
         assert child.exitcode == 0
+
+
+def test_convert_and_upload_publish_to_object_storage(s3_server, s3_bucket, tmp_path):
+    data = images(90)
+    np.save(tmp_path / "x.npy", data)
+    opts = options(s3_server)
+    url = f"s3://{s3_bucket}/converted"
+    out = tools.convert(tmp_path / "x.npy", url, shard_records=40, storage_options=opts)
+    assert out == {"x": url}
+    with Dense.open(url, storage_options=opts) as ds:
+        assert [s["records"] for s in ds.shards] == [40, 40, 10]
+        np.testing.assert_array_equal(ds[:], data)
+    # A local store set uploaded as it is.
+    with Dense.create(tmp_path / "set", data.dtype, data.shape[1:], shard_records=50) as w:
+        w.append(data)
+    tools.upload(tmp_path / "set", f"s3://{s3_bucket}/uploaded", opts)
+    keys = s3_server.list_objects(s3_bucket, "uploaded/")
+    assert "uploaded/manifest.json" in keys
+    assert sorted(k for k in keys if k.endswith("meta.zr")) == [
+        "uploaded/shard-000000/meta.zr", "uploaded/shard-000001/meta.zr"]
+    with Dense.open(f"s3://{s3_bucket}/uploaded", storage_options=opts) as ds:
+        np.testing.assert_array_equal(ds[[89, 0]], data[[89, 0]])
+    with pytest.raises(ZrecordError, match="is not empty"):
+        tools.upload(tmp_path / "set", f"s3://{s3_bucket}/uploaded", opts)

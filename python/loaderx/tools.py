@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence, TextIO, Union
 
 import numpy as np
 
+from loaderx import _native
 from loaderx._progress import Progress, ProgressArg, make_progress
 from loaderx.utils import train_dict
 from loaderx.zrecord import (
@@ -1087,7 +1088,8 @@ def convert(
     *,
     shard_records: int | None = None,
     shard_bytes: int | None = None,
-) -> dict[str, pathlib.Path]:
+    storage_options: StorageOptions | None = None,
+) -> dict[str, Any]:
     """Builds stores from ``src`` and returns ``{name: store path}``.
 
     ``src`` is a path or an object:
@@ -1119,7 +1121,11 @@ def convert(
     a callable is called as ``progress(done, total)``. ``shard_records`` /
     ``shard_bytes`` make every output a store set of shards of that many
     records / payload bytes (see :meth:`loaderx.zrecord.Dense.create`); a
-    store set is accepted as ``src`` like a store.
+    store set is accepted as ``src`` like a store. ``dst`` may be an
+    object-storage URL (``storage_options`` configures access): the stores are
+    built in a local staging folder (``$LOADERX_STAGING_DIR``, else the
+    temporary directory) and uploaded when all of them are complete; the
+    values returned are then URLs.
 
     Record order and values are kept exactly. Parquet/Arrow/datasets need the
     optional extra: ``pip install 'loaderx[convert]'`` (else
@@ -1137,14 +1143,35 @@ def convert(
             raise ValueError(f"chunk_records must be at least 1, got {chunk_records}")
         chunk_records = int(chunk_records)
     cols = _parse_columns(columns)
-    dst = pathlib.Path(dst)
     args = (codec, tier)
     layout = {"shard_records": shard_records, "shard_bytes": shard_bytes}
     token = _LAYOUT.set({k: v for k, v in layout.items() if v is not None})
     try:
-        return _convert(src, dst, args, key, cols, chunk_records, progress)
+        target = os.fspath(dst)
+        if not _is_url(target):
+            return _convert(src, pathlib.Path(target), args, key, cols, chunk_records, progress)
+        # Object storage: build everything in a local staging folder, then
+        # publish each store in commit order (a failed build uploads nothing).
+        staging_root = os.environ.get("LOADERX_STAGING_DIR") or None
+        with tempfile.TemporaryDirectory(prefix="loaderx-convert-", dir=staging_root) as tmp:
+            local = pathlib.Path(tmp) / "out"
+            built = _convert(src, local, args, key, cols, chunk_records, progress)
+            published: dict[str, Any] = {}
+            for name, path in built.items():
+                rel = pathlib.Path(path).relative_to(local).as_posix()
+                url = target.rstrip("/") + ("" if rel == "." else f"/{rel}")
+                upload(path, url, storage_options)
+                published[name] = url
+            return published
     finally:
         _LAYOUT.reset(token)
+
+
+def upload(src: PathLike, url: str, storage_options: StorageOptions | None = None) -> None:
+    """Copies the local store or store set ``src`` to the empty object-storage
+    prefix ``url``, in commit order (each store's ``meta.zr`` last, a set's
+    manifest after all its shards), after checking that ``src`` opens."""
+    _native.upload(os.fspath(src), url, dict(storage_options) if storage_options else None)
 
 
 def _convert(

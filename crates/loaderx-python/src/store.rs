@@ -28,6 +28,7 @@ use crate::errors::IntoPyResult;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(commit_set, m)?)?;
+    m.add_function(wrap_pyfunction!(upload, m)?)?;
     m.add_class::<WriterHandle>()?;
     m.add_class::<ReaderHandle>()?;
     Ok(())
@@ -74,6 +75,21 @@ fn commit_set(
         .detach(|| loaderx::store::commit_set(&root, &schema, codec, entries, &storage))
         .py(py)?;
     Ok(String::from_utf8(manifest.to_json()).expect("JSON is UTF-8"))
+}
+
+/// Copies the committed local store or set at `local` to the empty
+/// object-storage prefix `url`, in commit order.
+#[pyfunction]
+#[pyo3(signature = (local, url, storage_options=None))]
+fn upload(
+    py: Python<'_>,
+    local: std::path::PathBuf,
+    url: String,
+    storage_options: Option<BTreeMap<String, Bound<'_, PyAny>>>,
+) -> PyResult<()> {
+    let storage = self::storage_options(storage_options)?;
+    py.detach(|| loaderx::store::upload(&local, &url, &storage))
+        .py(py)
 }
 
 fn schema_of(

@@ -210,6 +210,46 @@ pub fn commit_set(
     Ok(manifest)
 }
 
+/// Copies the committed local store or store set at `local` to the empty
+/// object-storage prefix `url`, in commit order (each store's `meta.zr`
+/// last; a set's manifest after all its shards), after checking it opens.
+pub fn upload(local: &Path, url: &str, storage: &StorageOptions) -> Result<()> {
+    if !remote::is_url(url) {
+        return Err(Error::InvalidArgument(format!(
+            "{url:?} is not an object-storage URL"
+        )));
+    }
+    // Only what opens is published: the same checks a reader makes.
+    let probe = crate::store::StoreReader::probe_kind(
+        &local.display().to_string(),
+        crate::store::DataAccess::Read,
+        storage,
+    )?
+    .1;
+    let shards: Vec<String> = probe
+        .manifest()
+        .map(|m| m.shards.iter().map(|s| s.path.clone()).collect())
+        .unwrap_or_default();
+    drop(probe);
+    let root = Remote::parse(url, storage)?;
+    remote::block_on(async {
+        if !root.is_empty().await? {
+            return Err(Error::AlreadyExists(format!(
+                "{} is not empty; upload to a new prefix",
+                root.url()
+            )));
+        }
+        if shards.is_empty() {
+            return upload_store(local, &root).await;
+        }
+        for shard in &shards {
+            upload_store(&local.join(shard), &root.child(shard)).await?;
+        }
+        root.upload_file(MANIFEST_FILE, &local.join(MANIFEST_FILE))
+            .await
+    })?
+}
+
 /// Writes one shard of a set being built by independent tasks: a plain
 /// store at `location/name`, holding `fill`'s appends, committed (and
 /// uploaded) before this returns. Hand the entries to [`commit_set`].

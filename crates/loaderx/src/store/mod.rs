@@ -48,7 +48,9 @@ mod writer;
 use std::path::Path;
 
 pub use batch::{PackedBatch, RaggedBatch};
-pub use dataset::{commit_set, write_shard, DatasetWriter, Sharding, WriteOptions, STAGING_ENV};
+pub use dataset::{
+    commit_set, upload, write_shard, DatasetWriter, Sharding, WriteOptions, STAGING_ENV,
+};
 pub use fetch::request_count;
 pub use geometry::{parse_ragged, RaggedRecord, MAX_NDIM};
 pub use reader::{DataAccess, StoreReader, MAP_RECORD_BYTES, MAX_DICT_BYTES};
