@@ -593,3 +593,44 @@ def test_reference_refuses_our_killed_writer(tmp_path, run_ours, ref_try_open, k
     with pytest.raises(ZrecordError) as ei:
         (Dense if kind == "dense" else Ragged).open(p)
     assert ei.value.code == -8
+
+
+# --------------------------------------------------------------------------
+# store sets: every shard is a plain store the reference opens
+# --------------------------------------------------------------------------
+
+def test_reference_reads_each_shard_of_our_sets(tmp_path, run_reference, fixture_dict):
+    rng = np.random.default_rng(5)
+    dense = rng.integers(0, 255, size=(45, 3, 5), dtype=np.uint8)
+    ragged = [rng.standard_normal(int(n)).astype(np.float32) for n in rng.integers(1, 30, 23)]
+    with Dense.create(tmp_path / "dense", np.uint8, (3, 5), codec="zstd_dict",
+                      dict_bytes=fixture_dict.read_bytes(), shard_records=20) as w:
+        w.append(dense)
+    with Ragged.create(tmp_path / "ragged", np.float32, codec="zstd", shard_bytes=400) as w:
+        w.append(ragged)
+    spec, expected = [], {}
+    for kind, data in (("dense", dense), ("ragged", ragged)):
+        cls = Dense if kind == "dense" else Ragged
+        with cls.open(tmp_path / kind) as s:
+            start = 0
+            for shard in s.shards:
+                name = f"{kind}-{shard['path']}"
+                spec.append({"name": name, "kind": kind, "path": str(tmp_path / kind / shard["path"])})
+                expected[name] = data[start:start + shard["records"]]
+                start += shard["records"]
+            assert start == len(data) and len(s.shards) > 1
+    out = tmp_path / "ref_out"
+    out.mkdir()
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    run_reference(write_script(tmp_path, "ref_read.py", REF_READ), tmp_path / "spec.json", out,
+                  timeout=STEP_TIMEOUT)
+    results = json.loads((out / "results.json").read_text())
+    for name, want in expected.items():
+        assert results[name]["ok"], results[name]
+        if name.startswith("dense"):
+            np.testing.assert_array_equal(np.load(out / f"{name}.npy"), want)
+        else:
+            got = np.load(out / f"{name}.npz")
+            assert len(got.files) == len(want)
+            for i, w in enumerate(want):
+                np.testing.assert_array_equal(got["r%05d" % i], w)
