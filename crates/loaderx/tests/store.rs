@@ -521,3 +521,46 @@ fn batch_size_hints() {
     assert_eq!(e.inner().mean_record_bytes(64).unwrap(), 0.0);
     assert_eq!(e.inner().batch_bytes_hint(10), 160);
 }
+
+/// Truncating either file under an open reader, in every access mode, is an
+/// error from the next gather; nothing faults (a SIGBUS would end this test
+/// binary, so passing here is the proof).
+#[test]
+fn truncation_under_a_reader_never_faults() {
+    use loaderx::store::DataAccess;
+    let dir = tempfile::tempdir().unwrap();
+    let records: Vec<u8> = (0..3000u32).flat_map(|i| [i as u8; 64]).collect();
+    for codec in [Codec::Raw, Codec::Zstd] {
+        for access in [DataAccess::Auto, DataAccess::Read, DataAccess::Map] {
+            for file in ["meta.zr", "data.zr"] {
+                let path = dir
+                    .path()
+                    .join(format!("{}-{access:?}-{file}", codec.name()));
+                let mut w =
+                    DenseWriter::create(&path, DType::parse("|u1").unwrap(), &[64], codec, None)
+                        .unwrap();
+                w.append(&records).unwrap();
+                w.close().unwrap();
+                let r = StoreReader::open_with(&path, Kind::Dense, access).unwrap();
+                let mut out = vec![0u8; 64];
+                r.gather_fixed(&[3], 64, &mut out).unwrap();
+                assert_eq!(out, [3u8; 64]);
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(path.join(file))
+                    .unwrap()
+                    .set_len(4096)
+                    .unwrap();
+                // Record 2500's table chunk and frame both lie past the cut
+                // (what was read before it stays readable: it is in memory).
+                let err = r.gather_fixed(&[2500], 64, &mut out).unwrap_err();
+                assert_eq!(err.code(), Some(-2), "{codec:?} {access:?} {file}: {err}");
+                let msg = err.to_string();
+                assert!(
+                    msg.contains(file) || msg.contains("record table"),
+                    "{codec:?} {access:?} {file}: {msg}"
+                );
+            }
+        }
+    }
+}

@@ -304,7 +304,7 @@ impl ClientCell {
                 for (k, v) in &options {
                     let key = k.to_ascii_lowercase().parse().map_err(|_| {
                         Error::InvalidArgument(format!(
-                            "storage option {k:?} is not a {} setting",
+                            "storage option {k:?} is not one of the {} settings",
                             $what
                         ))
                     })?;
@@ -813,7 +813,7 @@ mod tests {
         let e = r.cell.client().map(|_| ()).unwrap_err();
         assert!(
             e.to_string()
-                .contains("\"no_such_key\" is not a S3 setting"),
+                .contains("\"no_such_key\" is not one of the S3 settings"),
             "{e}"
         );
     }

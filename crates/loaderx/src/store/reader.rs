@@ -567,6 +567,26 @@ impl StoreReader {
         .map(|_| ())
     }
 
+    /// Checks that the mapped `data.zr` of every segment `indices` touch
+    /// still holds its payload (see `Segment::check_payload`): one `fstat`
+    /// per segment per gather.
+    fn check_mapped(&self, indices: &[u64]) -> Result<()> {
+        if self.segments.len() == 1 {
+            return self.segments[0].check_payload();
+        }
+        if self.data_access() != DataAccess::Map {
+            return Ok(());
+        }
+        let mut seen = vec![false; self.segments.len()];
+        for &i in indices {
+            let (s, _) = self.locate(i);
+            if !std::mem::replace(&mut seen[s], true) {
+                self.segments[s].check_payload()?;
+            }
+        }
+        Ok(())
+    }
+
     /// Checks every index before any work starts, so an out-of-range index
     /// fails the whole request up front.
     fn check_indices(&self, indices: &[u64]) -> Result<()> {
@@ -625,6 +645,7 @@ impl StoreReader {
         if self.remote.is_some() {
             return self.gather_remote(indices, out.chunks_exact_mut(width), Some(width));
         }
+        self.check_mapped(indices)?;
         let run = |idx: &[u64], dst: &mut [u8], decs: &mut TaskDecoders<'_>| -> Result<()> {
             for (&i, slot) in idx.iter().zip(dst.chunks_exact_mut(width)) {
                 let (s, local) = self.locate(i);
@@ -706,6 +727,7 @@ impl StoreReader {
             fetch::fetch_into(&self.segments, &self.decoders, remote.tuning(), work)?;
             return Ok((buf, ranges));
         }
+        self.check_mapped(indices)?;
         let run = |decs: &mut TaskDecoders<'_>, w: Work<'_>| {
             let seg = &self.segments[w.seg];
             seg.read_record(w.label, &w.loc, w.slot, decs.get(seg.pool)?)

@@ -2,12 +2,17 @@
 //! prefix), opened and validated: the unit a [`StoreReader`](super::StoreReader)
 //! is made of. A plain store is one segment; each shard of a store set is one.
 //!
-//! Local segments map the record table read-only (no system call per entry)
-//! and read `data.zr` by `pread` or a map (see [`DataAccess`]). Remote
-//! segments fetch the header page and, for small stores, the whole table at
-//! open; larger tables arrive in chunks of [`TABLE_CHUNK`] entries, fetched
-//! in bulk the first time a gather needs them and kept for the reader's life
-//! (16 bytes a record, as a local map would hold).
+//! The record table is read in chunks of entries, each the first time a
+//! gather needs it, and kept for the reader's life (16 bytes a record, what a
+//! memory map would hold once touched). Local chunks come by `pread`, so a
+//! `meta.zr` truncated under a reader is an I/O error, never a `SIGBUS`.
+//! Remote segments fetch the header page and, for small stores, the whole
+//! table at open; larger tables arrive in chunks fetched in bulk.
+//!
+//! `data.zr` is read by `pread` or through a read-only map (see
+//! [`DataAccess`]). A mapped file's length is checked before every gather
+//! ([`Segment::check_payload`]), so a file shortened before a gather is an
+//! error rather than a fault.
 
 use std::fs::File;
 use std::path::Path;
@@ -27,27 +32,46 @@ use crate::schema::{Kind, Schema};
 use crate::store::reader::{DataAccess, MAX_DICT_BYTES};
 
 /// Record-table entries per remotely fetched chunk (64 KiB).
-pub(crate) const TABLE_CHUNK: u64 = 4096;
+pub(crate) const REMOTE_TABLE_CHUNK: u64 = 4096;
+/// Record-table entries per locally read chunk (16 KiB: a few pages, about
+/// what a memory map's fault-around would bring in).
+pub(crate) const LOCAL_TABLE_CHUNK: u64 = 1024;
 /// Tables up to this size come with the header page, in the open request.
 const EAGER_TABLE_BYTES: u64 = 1 << 20;
 
-pub(crate) enum Table {
-    Empty,
-    Mapped(Mmap),
-    Remote(RemoteTable),
+/// Where the record table's chunks come from.
+enum TableSource {
+    Local {
+        file: File,
+        path: std::path::PathBuf,
+    },
+    Remote {
+        remote: Remote,
+        info: ObjectInfo,
+    },
 }
 
-pub(crate) struct RemoteTable {
-    remote: Remote,
-    info: ObjectInfo,
+/// The record table, read a chunk at a time on first use.
+pub(crate) struct Table {
+    source: TableSource,
+    /// Entries per chunk.
+    chunk: u64,
+    length: u64,
     chunks: Vec<OnceLock<Bytes>>,
 }
 
 pub(crate) enum Payload {
     Empty,
-    Mapped(Mmap),
+    /// The map, and the file whose length is checked before each gather.
+    Mapped {
+        map: Mmap,
+        file: File,
+    },
     File(File),
-    Remote { remote: Remote, info: ObjectInfo },
+    Remote {
+        remote: Remote,
+        info: ObjectInfo,
+    },
 }
 
 /// An open, validated physical store.
@@ -191,17 +215,24 @@ impl Segment {
             None
         };
 
-        let table = match header.length {
-            0 => Table::Empty,
-            _ => match map_file(&meta_file, &meta_path)? {
-                Some(map) => Table::Mapped(map),
-                None => Table::Empty,
+        let table_file = meta_file
+            .try_clone()
+            .map_err(|e| Error::io(format!("opening {}", meta_path.display()), e))?;
+        let table = Table::new(
+            TableSource::Local {
+                file: table_file,
+                path: meta_path,
             },
-        };
+            LOCAL_TABLE_CHUNK,
+            header.length,
+        );
         let data = match (header.tail_offset, access.resolve(&header)) {
             (0, _) => Payload::Empty,
             (_, DataAccess::Map) => match map_file(&data_file, &data_path)? {
-                Some(map) => Payload::Mapped(map),
+                Some(map) => Payload::Mapped {
+                    map,
+                    file: data_file,
+                },
                 None => Payload::Empty,
             },
             (_, _) => Payload::File(data_file),
@@ -262,26 +293,22 @@ impl Segment {
             None
         };
 
-        let table = if header.length == 0 {
-            Table::Empty
-        } else {
-            let chunks = header.length.div_ceil(TABLE_CHUNK) as usize;
-            let table = RemoteTable {
+        let table = Table::new(
+            TableSource::Remote {
                 remote: remote.clone(),
                 info: meta,
-                chunks: (0..chunks).map(|_| OnceLock::new()).collect(),
-            };
-            // Chunks wholly inside what the first request brought.
-            for c in 0..chunks as u64 {
-                let range = table.chunk_range(c, header.length);
-                if range.end > first {
-                    break;
-                }
-                let _ = table.chunks[c as usize]
-                    .set(head.slice(range.start as usize..range.end as usize));
+            },
+            REMOTE_TABLE_CHUNK,
+            header.length,
+        );
+        // Chunks wholly inside what the first request brought.
+        for (c, slot) in table.chunks.iter().enumerate() {
+            let range = table.chunk_range(c as u64);
+            if range.end > first {
+                break;
             }
-            Table::Remote(table)
-        };
+            let _ = slot.set(head.slice(range.start as usize..range.end as usize));
+        }
         let payload = match header.tail_offset {
             0 => Payload::Empty,
             _ => Payload::Remote {
@@ -310,19 +337,47 @@ impl Segment {
     /// How `data.zr` is read.
     pub(crate) fn data_access(&self) -> DataAccess {
         match self.data {
-            Payload::Mapped(_) => DataAccess::Map,
+            Payload::Mapped { .. } => DataAccess::Map,
             _ => DataAccess::Read,
         }
     }
 
-    /// Fetches the table chunks covering `locals` that are not here yet
-    /// (remote segments; a no-op for local ones).
-    pub(crate) async fn fetch_table(&self, locals: impl Iterator<Item = u64>) -> Result<()> {
-        let Table::Remote(table) = &self.table else {
+    /// For a mapped `data.zr`: checks that the file still holds the
+    /// committed payload, so a file shortened under the reader fails the
+    /// gather instead of faulting in it. (A truncation racing with the
+    /// copy itself can still fault: `DataAccess::Read` never does.)
+    pub(crate) fn check_payload(&self) -> Result<()> {
+        let Payload::Mapped { file, .. } = &self.data else {
             return Ok(());
         };
+        let len = file
+            .metadata()
+            .map_err(|e| Error::io(format!("reading the size of {}/{DATA_FILE}", self.name), e))?
+            .len();
+        if len < self.header.tail_offset {
+            return Err(Error::io(
+                format!("reading {}/{DATA_FILE}", self.name),
+                std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "the file was cut to {len} bytes under the reader; its committed end is {}",
+                        self.header.tail_offset
+                    ),
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Fetches, in bulk, the remote table chunks covering `locals` that are
+    /// not here yet (local chunks are read on first use instead).
+    pub(crate) async fn fetch_table(&self, locals: impl Iterator<Item = u64>) -> Result<()> {
+        if !matches!(self.table.source, TableSource::Remote { .. }) {
+            return Ok(());
+        }
+        let table = &self.table;
         let mut wanted: Vec<u64> = locals
-            .map(|i| i / TABLE_CHUNK)
+            .map(|i| i / table.chunk)
             .filter(|&c| {
                 table
                     .chunks
@@ -332,32 +387,25 @@ impl Segment {
             .collect();
         wanted.sort_unstable();
         wanted.dedup();
-        table.fetch(&wanted, self.header.length).await
+        table.fetch_remote(&wanted).await
     }
 
     /// The validated table entry of local record `local`; `label` is the
     /// index callers know it by (the global one in a set), for messages.
     #[inline]
     pub(crate) fn loc(&self, local: u64, label: u64) -> Result<RecordLoc> {
-        let entry = |bytes: &[u8], at: usize| RecordLoc::decode(&bytes[at..at + LOC_SIZE]);
-        let loc = match &self.table {
-            Table::Mapped(map) => entry(map, (PAGE_SIZE + local * LOC_SIZE as u64) as usize),
-            Table::Remote(table) => {
-                let c = local / TABLE_CHUNK;
-                let slot = &table.chunks[c as usize];
-                let chunk = match slot.get() {
-                    Some(chunk) => chunk,
-                    None => {
-                        // Gathers fetch their chunks in bulk first; this is
-                        // the slow path of a lone lookup.
-                        remote::block_on(table.fetch(&[c], self.header.length))??;
-                        slot.get().expect("fetched")
-                    }
-                };
-                entry(chunk, ((local % TABLE_CHUNK) * LOC_SIZE as u64) as usize)
+        let table = &self.table;
+        let c = local / table.chunk;
+        let slot = &table.chunks[c as usize];
+        let chunk = match slot.get() {
+            Some(chunk) => chunk,
+            None => {
+                table.load(c)?;
+                slot.get().expect("loaded")
             }
-            Table::Empty => unreachable!("callers check the index against the length"),
         };
+        let at = ((local % table.chunk) * LOC_SIZE as u64) as usize;
+        let loc = RecordLoc::decode(&chunk[at..at + LOC_SIZE]);
         loc.validate(label, self.header.codec, self.header.tail_offset)?;
         Ok(loc)
     }
@@ -375,7 +423,7 @@ impl Segment {
         let start = loc.offset;
         let len = loc.phys_length as usize;
         match &self.data {
-            Payload::Mapped(map) => {
+            Payload::Mapped { map, .. } => {
                 let start = start as usize;
                 dec.decode_into(label, &map[start..start + len], dst)
             }
@@ -407,20 +455,51 @@ impl Segment {
     }
 }
 
-impl RemoteTable {
+impl Table {
+    fn new(source: TableSource, chunk: u64, length: u64) -> Table {
+        Table {
+            source,
+            chunk,
+            length,
+            chunks: (0..length.div_ceil(chunk))
+                .map(|_| OnceLock::new())
+                .collect(),
+        }
+    }
+
     /// Byte range of chunk `c` in `meta.zr`.
-    fn chunk_range(&self, c: u64, length: u64) -> std::ops::Range<u64> {
-        let first = c * TABLE_CHUNK;
-        let last = ((c + 1) * TABLE_CHUNK).min(length);
+    fn chunk_range(&self, c: u64) -> std::ops::Range<u64> {
+        let first = c * self.chunk;
+        let last = ((c + 1) * self.chunk).min(self.length);
         PAGE_SIZE + first * LOC_SIZE as u64..PAGE_SIZE + last * LOC_SIZE as u64
     }
 
-    /// Fetches chunks `wanted` (sorted), neighbours merged into one request,
-    /// requests in parallel.
-    async fn fetch(&self, wanted: &[u64], length: u64) -> Result<()> {
+    /// Reads chunk `c` now: one `pread` locally; remotely, a request (the
+    /// slow path of a lone lookup: gathers fetch their chunks in bulk first).
+    fn load(&self, c: u64) -> Result<()> {
+        match &self.source {
+            TableSource::Local { file, path } => {
+                let range = self.chunk_range(c);
+                let mut buf = vec![0u8; (range.end - range.start) as usize];
+                io::read_exact_at(file, &mut buf, range.start).map_err(|e| {
+                    Error::io(format!("reading the record table of {}", path.display()), e)
+                })?;
+                let _ = self.chunks[c as usize].set(Bytes::from(buf));
+                Ok(())
+            }
+            TableSource::Remote { .. } => remote::block_on(self.fetch_remote(&[c]))?,
+        }
+    }
+
+    /// Fetches remote chunks `wanted` (sorted), neighbours merged into one
+    /// request, requests in parallel.
+    async fn fetch_remote(&self, wanted: &[u64]) -> Result<()> {
         use futures::{StreamExt, TryStreamExt};
-        let tuning = self.remote.tuning();
-        let per_request = (tuning.max_request_bytes / (TABLE_CHUNK * LOC_SIZE as u64)).max(1);
+        let TableSource::Remote { remote, info } = &self.source else {
+            return Ok(());
+        };
+        let tuning = remote.tuning();
+        let per_request = (tuning.max_request_bytes / (self.chunk * LOC_SIZE as u64)).max(1);
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for &c in wanted {
             match runs.last_mut() {
@@ -430,14 +509,11 @@ impl RemoteTable {
         }
         futures::stream::iter(runs)
             .map(|(first, last)| async move {
-                let start = self.chunk_range(first, length).start;
-                let end = self.chunk_range(last, length).end;
-                let bytes = self
-                    .remote
-                    .read_range(META_FILE, start..end, &self.info)
-                    .await?;
+                let start = self.chunk_range(first).start;
+                let end = self.chunk_range(last).end;
+                let bytes = remote.read_range(META_FILE, start..end, info).await?;
                 for c in first..=last {
-                    let r = self.chunk_range(c, length);
+                    let r = self.chunk_range(c);
                     let piece = bytes.slice((r.start - start) as usize..(r.end - start) as usize);
                     let _ = self.chunks[c as usize].set(piece);
                 }

@@ -168,14 +168,54 @@ impl StoreWriter {
                     dir.display()
                 )));
             }
-        } else {
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| Error::io(format!("creating directory {}", dir.display()), e))?;
         }
+        // All or nothing: what this call makes is removed again if it fails,
+        // so a retry at the same path starts clean.
+        let made_dirs: Vec<PathBuf> = dir
+            .ancestors()
+            .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+            .map(Path::to_path_buf)
+            .collect();
+        let mut made_files: Vec<PathBuf> = Vec::new();
+        let built = std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("creating directory {}", dir.display()), e))
+            .and_then(|()| {
+                Self::create_files(
+                    &dir,
+                    schema,
+                    codec,
+                    dict,
+                    encoder_dict,
+                    &schema_bytes,
+                    &mut made_files,
+                )
+            });
+        if built.is_err() {
+            for f in &made_files {
+                let _ = std::fs::remove_file(f);
+            }
+            // Deepest first; remove_dir leaves anything someone else put there.
+            for d in &made_dirs {
+                let _ = std::fs::remove_dir(d);
+            }
+        }
+        built
+    }
 
-        let create_new = |name: &str| {
+    /// The files of a new store in the claimed, empty `dir`; each one made
+    /// is recorded in `made` (for clean-up by the caller on failure).
+    fn create_files(
+        dir: &Path,
+        schema: Schema,
+        codec: Codec,
+        dict: Option<Vec<u8>>,
+        encoder_dict: Option<EncoderDictionary<'static>>,
+        schema_bytes: &[u8],
+        made: &mut Vec<PathBuf>,
+    ) -> Result<Self> {
+        let mut create_new = |name: &str| {
             let path = dir.join(name);
-            OpenOptions::new()
+            let file = OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create_new(true)
@@ -186,7 +226,9 @@ impl StoreWriter {
                         path.display()
                     )),
                     _ => Error::io(format!("creating {}", path.display()), e),
-                })
+                })?;
+            made.push(path);
+            Ok::<File, Error>(file)
         };
         let meta_path = dir.join(META_FILE);
         let meta = create_new(META_FILE)?;
@@ -202,7 +244,7 @@ impl StoreWriter {
             codec,
         };
         page[..32].copy_from_slice(&uncommitted.encode());
-        page[32..32 + schema_bytes.len()].copy_from_slice(&schema_bytes);
+        page[32..32 + schema_bytes.len()].copy_from_slice(schema_bytes);
         io::write_all_at(&meta, &page, 0)
             .map_err(|e| Error::io(format!("writing {}", meta_path.display()), e))?;
 
@@ -217,7 +259,7 @@ impl StoreWriter {
         }
 
         Ok(StoreWriter {
-            dir,
+            dir: dir.to_path_buf(),
             schema,
             codec,
             meta,
