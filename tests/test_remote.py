@@ -52,10 +52,11 @@ def test_dense_round_trip(s3_server, s3_bucket, codec):
         w.append(data[:200])
         w.append(data[200:])
     keys = sorted(s3_server.list_objects(s3_bucket, "train/"))
-    assert keys == sorted(f"train/images/{f}" for f in
-                          ["meta.zr", "data.zr"] + (["dict.zr"] if blob else []))
-    with Dense.open(url, storage_options=opts) as ds:
+    extra = {"raw": ["sums.zr"], "zstd": [], "zstd_dict": ["dict.zr"]}[codec]
+    assert keys == sorted(f"train/images/{f}" for f in ["meta.zr", "data.zr", *extra])
+    with Dense.open(url, storage_options=opts, verify_checksums=True) as ds:
         assert (len(ds), ds.codec, ds.item_shape, ds.path) == (300, codec, (3, 8, 8), url)
+        assert ds.checksums == ("sidecar" if codec == "raw" else "frames")
         assert ds.data_access == "remote"
         idx = np.random.default_rng(3).integers(0, 300, size=256)
         np.testing.assert_array_equal(ds[idx], data[idx])
@@ -498,3 +499,12 @@ def test_convert_and_upload_publish_to_object_storage(s3_server, s3_bucket, tmp_
         np.testing.assert_array_equal(ds[[89, 0]], data[[89, 0]])
     with pytest.raises(ZrecordError, match="is not empty"):
         tools.upload(tmp_path / "set", f"s3://{s3_bucket}/uploaded", opts)
+
+
+def test_local_only_arguments_are_refused_for_urls(s3_server):
+    with pytest.raises(ValueError, match="data_access='map' applies to local stores"):
+        Dense.open("s3://bucket/x", data_access="map", storage_options=options(s3_server))
+    with pytest.raises(ValueError, match='storage option "aws_no_such_key" is not one of the S3 settings'):
+        Dense.open("s3://bucket/x", storage_options=options(s3_server, aws_no_such_key="1"))
+    with pytest.raises(ValueError, match='unsupported URL scheme "ftp"'):
+        Dense.open("ftp://host/x")

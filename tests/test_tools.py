@@ -27,7 +27,7 @@ from loaderx import tools
 from loaderx._progress import Progress, make_progress
 from loaderx.dataloader import DataLoader
 from loaderx.utils import train_dict
-from loaderx.zrecord import Dense, Ragged
+from loaderx.zrecord import Dense, Ragged, ZrecordError
 
 EXTRA_HINT = "pip install 'loaderx[convert]'"
 PAGE, ENTRY = 4096, 16
@@ -209,7 +209,7 @@ def test_demo_keeps_dir_and_reports_json(tmp_path):
 
 
 def _disk(p: Path) -> int:
-    return sum((p / f).stat().st_size for f in ("meta.zr", "data.zr", "dict.zr") if (p / f).exists())
+    return sum((p / f).stat().st_size for f in ("meta.zr", "data.zr", "dict.zr", "sums.zr") if (p / f).exists())
 
 
 def test_info_json_and_text(stores):
@@ -261,8 +261,11 @@ def test_verify_sound_stores(stores):
     assert proc.stdout.count("ok ") == 3 and "3 of 3 stores sound" in proc.stdout
     assert proc.stderr == ""  # no progress drawing into a pipe
     r = tools.verify(stores["ragged"])
-    assert r == tools.VerifyResult(str(stores["ragged"]), True, len(RAGGED), None, None, "Ragged")
+    assert r == tools.VerifyResult(str(stores["ragged"]), True, len(RAGGED), None, None, "Ragged",
+                                   "sidecar")
     assert r
+    assert "matches its checksum (sums.zr)" in proc.stdout
+    assert "matches its checksum (zstd frame checksums)" in proc.stdout
 
 
 def test_verify_finds_a_corrupt_zstd_frame(tmp_path, stores):
@@ -286,6 +289,8 @@ def test_verify_finds_a_corrupt_zstd_frame(tmp_path, stores):
 def test_verify_finds_a_bad_ragged_shape_prefix(tmp_path, stores):
     bad = tmp_path / "bad_shape"
     shutil.copytree(stores["ragged"], bad)
+    # Without its checksums, the structure checks alone find the damage.
+    (bad / "sums.zr").unlink()
     offset, _, _ = loc(bad, 9)
     data = bytearray((bad / "data.zr").read_bytes())
     assert struct.unpack_from("<Q", data, offset)[0] == 1  # ndim of a 1-D record
@@ -295,6 +300,33 @@ def test_verify_finds_a_bad_ragged_shape_prefix(tmp_path, stores):
     assert (r.ok, r.first_bad_index) == (False, 9)
     assert "shape" in r.error
     fails(cli("verify", bad), "record 9", "shape")
+
+
+def test_verify_checks_content_where_checksums_exist(tmp_path):
+    """Bytes overwritten inside a record are found by its checksum (zstd
+    frames, or a raw store's sums.zr); a store without checksums passes on
+    structure alone, and verify says that is all it checked."""
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 8, size=(1000, 64), dtype=np.uint8)
+    for codec, checksums in (("zstd", True), ("raw", True), ("raw", False)):
+        path = tmp_path / f"{codec}-{checksums}"
+        with Dense.create(path, np.uint8, (64,), codec=codec, checksums=checksums) as w:
+            w.append(data)
+        offset, phys, _ = loc(path, 498)
+        raw = bytearray((path / "data.zr").read_bytes())
+        middle = offset + phys // 2 - 4
+        raw[middle:middle + 8] = bytes(b ^ 0x5A for b in raw[middle:middle + 8])
+        (path / "data.zr").write_bytes(bytes(raw))
+        r = tools.verify(path)
+        if checksums:
+            assert (r.ok, r.first_bad_index) == (False, 498), r
+            assert r.content == ("frames" if codec == "zstd" else "sidecar")
+            with pytest.raises(ZrecordError):
+                Dense.open(path, verify_checksums=True)[498]
+        else:
+            assert r.ok and r.content is None
+            out = ok(cli("verify", path)).stdout
+            assert "structure only: the store has no checksums" in out
 
 
 def test_verify_missing_and_non_stores(tmp_path, stores):

@@ -38,6 +38,7 @@ class WriterHandle:
         shard_records: Optional[int] = None,
         shard_bytes: Optional[int] = None,
         storage_options: Optional[Mapping[str, Any]] = None,
+        checksums: bool = True,
     ) -> WriterHandle: ...
     def append_dense(self, data: npt.NDArray[np.uint8]) -> None: ...
     def append_ragged(self, items: list[np.ndarray], dtype: np.dtype) -> None: ...
@@ -55,13 +56,16 @@ class ReaderHandle:
         kind: str,
         data_access: Optional[str] = None,
         storage_options: Optional[Mapping[str, Any]] = None,
+        verify_checksums: bool = False,
     ) -> ReaderHandle: ...
     @staticmethod
     def open_any(
         path: str,
         data_access: Optional[str] = None,
         storage_options: Optional[Mapping[str, Any]] = None,
+        verify_checksums: bool = False,
     ) -> tuple[str, ReaderHandle]: ...
+    def checksums(self) -> Optional[str]: ...
     @property
     def location(self) -> str: ...
     @property

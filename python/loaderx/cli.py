@@ -88,6 +88,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
 # -- verify -----------------------------------------------------------------
 
 
+_CONTENT = {"frames": "zstd frame checksums", "sidecar": "sums.zr"}
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     from loaderx import tools
 
@@ -97,8 +100,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         results.append(r)
         if args.json:
             continue
-        if r.ok:
-            print(f"ok      {r.path}: {r.records:,} records ({r.kind}), every one decodes")
+        if r.ok and r.content is not None:
+            print(f"ok      {r.path}: {r.records:,} records ({r.kind}), every one decodes "
+                  f"and matches its checksum ({_CONTENT[r.content]})")
+        elif r.ok:
+            print(f"ok      {r.path}: {r.records:,} records ({r.kind}), every one decodes; "
+                  "structure only: the store has no checksums, so its content could not be checked")
         elif r.first_bad_index is not None:
             print(f"FAILED  {r.path}: record {r.first_bad_index} of {r.records:,}: {r.error}")
         else:
@@ -221,8 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="describe stores: kind, dtype, shape, codec, records, sizes, ratio",
         description=(
             "Describes each store: kind (Dense or Ragged), dtype, item_shape, codec, record "
-            "count, logical size (the records' uncompressed bytes), size on disk (meta.zr + "
-            "data.zr + dict.zr), compression ratio and dictionary size."
+            "count, logical size (the records' uncompressed bytes), size on disk (every store "
+            "file of every shard), compression ratio and dictionary size."
         ),
         epilog="example:\n  loaderx info train/image train/label\n  loaderx info --json train/*",
         formatter_class=fmt,

@@ -10,6 +10,7 @@ resumes exactly from one integer, ``loader.step``.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from typing import Any, Callable, Iterable, Mapping
 
@@ -19,6 +20,14 @@ from loaderx.zrecord import Dense, Ragged, _Store
 __all__ = ["DataLoader", "identity", "distributed_shard"]
 
 Batch = dict
+
+# How long close() lets running transform calls (and native gathers) finish
+# before it leaves them behind; see DataLoader.close.
+_CLOSE_GRACE = 0.25
+# How long the consumer waits on the reorder buffer at a time, so a signal
+# handler (Ctrl-C, a SIGTERM handler raising SystemExit) runs promptly on
+# every platform, even where a blocked lock acquire is not interruptible.
+_WAIT_SLICE = 0.05
 
 
 def identity(batch: Batch) -> Batch:
@@ -112,6 +121,18 @@ class DataLoader:
     Iteration never ends by itself; ``close()`` (or leaving a ``with`` block)
     stops it, and a consumer waiting on it then sees StopIteration. A failure
     in a gather or the transform is raised to the consumer and stops the loader.
+
+    Interrupts: a consumer waiting for a batch wakes for signal handlers at
+    least every 50 ms, so KeyboardInterrupt (or SystemExit from a SIGTERM
+    handler), like any exception raised in the consumer's thread, reaches the
+    caller at once, whatever a transform or gather is doing: the loader is
+    closed on the way out without waiting for them. Python cannot stop a
+    running transform call, and a native gather is not cancellable either; a
+    closed loader abandons both. An abandoned transform thread (a daemon, so
+    it never delays interpreter exit) discards whatever its call returns or
+    raises and exits as soon as the call returns; a native thread exits when
+    its gather ends. Until then they keep the batch they work on, on top of
+    the bounds above.
     """
 
     def __init__(
@@ -206,7 +227,7 @@ class DataLoader:
         self._closed = False
         # The pipeline's threads hold the pipeline, never the loader, so an
         # abandoned loader is collected and its threads told to stop.
-        self._finalizer = weakref.finalize(self, self._pipe.shutdown, False)
+        self._finalizer = weakref.finalize(self, self._pipe.shutdown, 0.0)
 
     def _native_prefetch(self) -> int:
         # Transform workers hold batches too (being transformed, or done and
@@ -229,7 +250,10 @@ class DataLoader:
         except StopIteration:
             raise
         except BaseException:
-            self.close()
+            # A failed step, or an interrupt (KeyboardInterrupt, SystemExit
+            # from a signal handler) while waiting: stop, but wait for no
+            # transform or gather, so the exception reaches the caller now.
+            self._close(0.0)
             raise
 
     def __len__(self) -> int:
@@ -252,26 +276,41 @@ class DataLoader:
         return {"step": self.step}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Repositions the loader so the next batch is ``state["step"]``."""
+        """Repositions the loader so the next batch is ``state["step"]``.
+
+        Unlike ``close()``, this waits (interruptibly) for the running
+        transform calls and gathers of the old position to end before the new
+        one starts, so the loader's memory bounds hold across the switch."""
         step = _u64("step", state["step"])
-        self.close()
+        self._close(None)
         self._start(step)
 
     # -- lifecycle --------------------------------------------------------------
     def close(self) -> None:
-        """Stops every thread and wakes a waiting consumer. Safe to call twice
-        and from inside a transform. The streams stay open (they are yours)."""
+        """Stops the loader and wakes a waiting consumer. Safe to call twice
+        and from inside a transform. The streams stay open (they are yours).
+
+        Returns within about a quarter of a second: idle threads are stopped
+        and joined, but a transform call or native gather still running after
+        that is abandoned, not waited for; its thread exits when the call
+        returns, and its result (or exception) is discarded."""
+        self._close(_CLOSE_GRACE)
+
+    def _close(self, grace: float | None) -> None:
+        # grace: seconds to wait for the pipeline's threads (None: until they end).
         pipe = getattr(self, "_pipe", None)
         self._closed = True
         if pipe is not None:
             self._finalizer.detach()
-            pipe.shutdown(True)
+            pipe.shutdown(grace)
 
     def __enter__(self) -> DataLoader:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        # Leaving on an exception (an error in the body, Ctrl-C): let it
+        # propagate at once; running transforms and gathers are abandoned.
+        self._close(_CLOSE_GRACE if exc_type is None else 0.0)
 
     def __repr__(self) -> str:
         return (
@@ -289,6 +328,10 @@ class _Pipeline:
     ``transform_workers`` batches are between the core and the consumer),
     transform them concurrently, and park results by step; the consumer
     takes them strictly in step order.
+
+    Once closed, nothing is parked any more: a worker checks ``closed`` (under
+    ``cond``) before it starts a transform and after the call returns, and a
+    worker that finds it set exits, dropping its batch and result.
     """
 
     def __init__(self, core: Any, names: list, transform: Callable | None, workers: int, step: int) -> None:
@@ -301,6 +344,10 @@ class _Pipeline:
         self.cond = threading.Condition()
         self.done: dict[int, Any] = {}
         self.held = 0
+        # Workers inside a transform call (guarded by cond).
+        self.busy: set[threading.Thread] = set()
+        # The thread closing the native core (see shutdown).
+        self.reaper: threading.Thread | None = None
         self.threads: list[threading.Thread] = []
         if transform is not None:
             for i in range(workers):
@@ -313,6 +360,7 @@ class _Pipeline:
 
     def _work(self) -> None:
         core, cond, transform = self.core, self.cond, self.transform
+        me = threading.current_thread()
         while True:
             with cond:
                 while not self.closed and self.held >= self.limit:
@@ -322,28 +370,43 @@ class _Pipeline:
                 self.held += 1
             step = None
             try:
-                item = core.next()
+                item = core.next()  # None once the core is closed
                 if item is None:
                     with cond:
                         self.held -= 1
                         cond.notify_all()
                     return
                 step, values = item
-                result = transform(self._pack(values))
+                del item
+                with cond:
+                    if self.closed:
+                        return  # never start a transform for a closed loader
+                    self.busy.add(me)
+                try:
+                    result = transform(self._pack(values))
+                finally:
+                    del values
+                    with cond:
+                        self.busy.discard(me)
             except BaseException as e:  # delivered to the consumer in step order
+                if self.closed:
+                    return  # raised by an abandoned call: nobody to tell
                 if step is None:
                     step = core.step - 1
                 result = _Failure(e)
             with cond:
                 if self.closed:
-                    return
+                    return  # abandoned by close(): the result is discarded
                 self.done[step] = result
                 cond.notify_all()
             if isinstance(result, _Failure):
                 return
+            del result
 
     def next(self) -> Any:
         if self.transform is None:
+            # Waits in short slices with the GIL released, checking for
+            # signals between them (LoaderHandle.next).
             item = self.core.next()
             if item is None:
                 raise StopIteration
@@ -352,7 +415,7 @@ class _Pipeline:
             return self._pack(values)
         with self.cond:
             while self.step not in self.done and not self.closed:
-                self.cond.wait()
+                self.cond.wait(_WAIT_SLICE)
             if self.closed:
                 raise StopIteration
             result = self.done.pop(self.step)
@@ -364,16 +427,50 @@ class _Pipeline:
             raise result.error
         return result
 
-    def shutdown(self, join: bool) -> None:
+    def shutdown(self, grace: float | None) -> None:
+        """Stops the pipeline without waiting for running transform calls or
+        gathers, then waits up to ``grace`` seconds (None: as long as it
+        takes) for its threads to end. Safe to call more than once, from any
+        thread, a transform or a finalizer included."""
         with self.cond:
             self.closed = True
             self.done.clear()
             self.cond.notify_all()
-        if join and threading.current_thread() not in self.threads:
-            self.core.close()
-            for t in self.threads:
-                t.join()
-        else:
-            # From inside a transform (or a finalizer): signal only; the
-            # threads stop promptly on their own, and a later close() joins them.
-            self.core.request_close()
+        # Wakes workers waiting in core.next() (they get None) and stops the
+        # native threads from claiming more steps; never blocks.
+        self.core.request_close()
+        self._reap()
+        me = threading.current_thread()
+        if grace == 0 or me in self.threads:
+            # From inside a transform (or a finalizer, or on an interrupt):
+            # signal only; the threads stop on their own, and a later
+            # close() joins what is left.
+            return
+        deadline = None if grace is None else time.monotonic() + grace
+        for t in [*self.threads, self.reaper]:
+            if t is None or t is me:
+                continue
+            if deadline is None:
+                t.join()  # interruptible (unlike LoaderHandle.close())
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            t.join(left)
+
+    def _reap(self) -> None:
+        # LoaderHandle.close() joins the native threads, so it waits for the
+        # gathers in flight (which cannot be cancelled) and, from the calling
+        # thread, cannot be interrupted. Dropping the last reference to a core
+        # whose threads still run joins them too, with the GIL held. So a
+        # daemon thread closes the core, holding a reference until its threads
+        # are gone: whoever drops the core afterwards finds nothing to wait for.
+        with self.cond:
+            if self.reaper is not None:
+                return
+            reaper = threading.Thread(target=self.core.close, name="loaderx-close", daemon=True)
+            try:
+                reaper.start()
+            except RuntimeError:  # no new threads at interpreter shutdown
+                return
+            self.reaper = reaper

@@ -34,12 +34,14 @@ not: a task writes all columns from the same blocks.
 Column types: a column whose rows (over the whole dataset) are numeric
 (bool, int, uint, float) arrays of one shape and dtype becomes a Dense set of
 that ``item_shape`` (scalars: ``()``); numeric rows of varying shapes become
-a Ragged set. Strings, objects and nulls are refused with an error naming the
-column. Tasks see only their own rows, so a Dense shard written by a task
-whose rows happened to share one shape is re-encoded as Ragged at commit when
-the column turns out ragged elsewhere; ``ragged=[...]`` writes a column
-Ragged from the start. A dataset with no rows publishes nothing and raises
-ValueError (a store's dtype and shape cannot be known without rows).
+a Ragged set. Strings, Python objects, dates and null rows of list columns
+are refused with an error naming the column (Ray itself turns nulls of
+numeric scalar columns into NaN). Tasks see only their own rows, so a Dense
+shard written by a task whose rows happened to share one shape is re-encoded
+as Ragged at commit when the column turns out ragged elsewhere;
+``ragged=[...]`` writes a column Ragged from the start. A dataset with no
+rows publishes nothing and raises ValueError (a store's dtype and shape
+cannot be known without rows).
 
 Reading (:class:`ZrecordDatasource`, :func:`read_zrecord`): each shard (a
 plain store counts as one) becomes one or more read tasks, yielding blocks of
@@ -71,7 +73,15 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from loaderx import sets
-from loaderx.zrecord import Dense, Ragged, StorageOptions, _check_codec, _is_url, _location, _open_any
+from loaderx.zrecord import (
+    Dense,
+    Ragged,
+    StorageOptions,
+    _check_codec,
+    _is_url,
+    _location,
+    _open_any,
+)
 
 if TYPE_CHECKING:
     from ray.data.datasource.datasink import WriteResult
@@ -109,15 +119,15 @@ def _column_values(name: str, values: np.ndarray) -> Values:
     """One block's column as a store takes it: the ``(n, *shape)`` array Ray
     gives for fixed-shape columns, else the list of per-row arrays (tensor
     columns of varying shapes, Arrow lists, pandas object columns)."""
-    rows = [values] if values.dtype != object else [np.asarray(v) for v in values]
-    for r in rows:
-        if r.dtype.kind not in _NUMERIC:
-            what = "a null or a Python object" if r.dtype == object else f"dtype {r.dtype}"
+    rows = None if values.dtype.kind != "O" else [np.asarray(v) for v in values]
+    for dtype in [values.dtype] if rows is None else {r.dtype for r in rows}:
+        if dtype.kind not in _NUMERIC:
+            what = "nulls or Python objects" if dtype.kind == "O" else f"dtype {dtype}"
             raise ValueError(
                 f"column {name!r} holds {what}: loaderx.ray writes numeric "
                 "(bool, int, uint, float) columns only; drop it or select others with columns="
             )
-    return values if values.dtype != object else rows
+    return values if rows is None else rows
 
 
 def _dense_form(pieces: list[Values]) -> list[np.ndarray] | None:
@@ -136,7 +146,7 @@ def _dense_form(pieces: list[Values]) -> list[np.ndarray] | None:
 
 def _ragged_form(name: str, pieces: list[Values]) -> tuple[np.dtype, list[list[np.ndarray]]]:
     """``pieces`` as lists of rows, and the one dtype they share."""
-    batches = [list(p) if isinstance(p, np.ndarray) else p for p in pieces]
+    batches = [_rows(p) if isinstance(p, np.ndarray) else p for p in pieces]
     dtypes = {r.dtype for b in batches for r in b}
     if len(dtypes) != 1:
         raise ValueError(
@@ -144,6 +154,11 @@ def _ragged_form(name: str, pieces: list[Values]) -> tuple[np.dtype, list[list[n
             "cast it to one dtype before writing"
         )
     return dtypes.pop(), batches
+
+
+def _rows(batch: np.ndarray) -> list[np.ndarray]:
+    """A Dense batch as Ragged rows (0-d arrays for scalars, not numpy scalars)."""
+    return [np.asarray(r) for r in batch]
 
 
 def _nbytes(values: Values) -> int:
@@ -196,13 +211,11 @@ class ZrecordDatasink(Datasink):
         """Rows Ray bundles into one write task at least (None: its choice)."""
         return self._min_rows
 
-    def get_name(self) -> str:
-        return "Zrecord"
-
     # -- in each write task --------------------------------------------------
     def write(self, blocks: Iterable[Any], ctx: Any) -> dict[str, Any]:
-        """Writes this task's rows as shards, one run per column every
-        ``shard_bytes``, and returns what :meth:`on_write_complete` needs:
+        """Writes this task's rows (``ctx`` is Ray's TaskContext), a shard per
+        column each time ``shard_bytes`` are buffered, and returns what
+        :meth:`on_write_complete` needs:
         ``{"task": index, "rows": n, "columns": {name: [shard entry, ...]}}``.
         A task without rows writes nothing."""
         # A fresh suffix per attempt: a retry never reuses a failed attempt's names.
@@ -215,7 +228,7 @@ class ZrecordDatasink(Datasink):
             acc = BlockAccessor.for_block(block)
             if acc.num_rows() == 0:
                 continue  # an empty block says nothing about types, and adds no rows
-            have = list(acc.column_names())
+            have = list(acc.column_names())  # type: ignore[attr-defined]  # Arrow and pandas blocks
             if names is None:
                 names = self._pick(have)
             elif not set(names) <= set(have):
@@ -245,9 +258,9 @@ class ZrecordDatasink(Datasink):
                written: dict[str, list[dict[str, Any]]]) -> None:
         """Writes one shard per column from the buffered blocks, and empties the buffer."""
         for name, pieces in pending.items():
-            dense = None if name in self._ragged else _dense_form(pieces)
-            if dense is not None:
-                dtype, shape, batches = dense[0].dtype, dense[0].shape[1:], dense
+            batches: list[Any] | None = None if name in self._ragged else _dense_form(pieces)
+            if batches is not None:
+                dtype, shape = batches[0].dtype, batches[0].shape[1:]
             else:
                 (dtype, batches), shape = _ragged_form(name, pieces), None
             info = sets.write_shard(
@@ -260,12 +273,12 @@ class ZrecordDatasink(Datasink):
         pending.clear()
 
     # -- on the driver, once -------------------------------------------------
-    def on_write_complete(self, write_result: WriteResult | list[Any]) -> None:
+    def on_write_complete(self, write_result: WriteResult) -> None:
         """Publishes one set per column from the successful tasks' shards,
         ordered by task index. Every column is checked (and re-encoded where
         needed) before the first manifest is written."""
-        returns = getattr(write_result, "write_returns", write_result)  # Ray < 2.38 passed a list
-        returns = sorted((r for r in returns if r is not None), key=lambda r: r["task"])
+        returns = sorted((r for r in write_result.write_returns if r is not None),
+                         key=lambda r: r["task"])
         tasks = [r["task"] for r in returns]
         if len(set(tasks)) != len(tasks):
             raise RuntimeError(f"write tasks reported twice: {tasks}")
@@ -295,6 +308,15 @@ class ZrecordDatasink(Datasink):
                 dtype=dtype, item_shape=shape, codec=self._codec, storage_options=self._options,
             )
 
+    def on_write_failed(self, error: Exception) -> None:
+        """Says what a failed write left behind (Ray raises ``error`` itself)."""
+        published = sorted(self.manifests)
+        logger.warning(
+            "writing %s failed (%s); %s; shards written so far are not listed in any "
+            "manifest and may be deleted", self._path, error,
+            f"columns {published} were already published" if published else "nothing was published",
+        )
+
     def _reconcile(self, name: str, entries: list[dict[str, Any]]
                    ) -> tuple[str, tuple[int, ...] | None, list[dict[str, Any]]]:
         """The column's dtype, item_shape (None: Ragged) and shard entries.
@@ -323,7 +345,7 @@ class ZrecordDatasink(Datasink):
         src = Dense.open(_join(root, entry["path"]), storage_options=self._options)
         try:
             step = max(1, SHARD_BYTES // max(1, src.dtype.itemsize * int(np.prod(src.item_shape))))
-            batches = (list(src[i:i + step]) for i in range(0, len(src), step))
+            batches = (_rows(src[i:i + step]) for i in range(0, len(src), step))
             info = sets.write_shard(root, f"{entry['path']}-ragged", batches, dtype=src.dtype,
                                     codec=self._codec, dict_bytes=self._dict_bytes,
                                     storage_options=self._options)
@@ -409,8 +431,10 @@ def _read_rows(parts: list[tuple[str, str, str, int]], count: int, block_rows: i
                storage_options: dict[str, Any] | None) -> Iterator[pa.Table]:
     """A read task: ``count`` rows from ``(column, kind, shard, first row)``
     parts, as blocks of at most ``block_rows`` rows, in order."""
-    stores = [(name, (Dense if kind == "dense" else Ragged).open(loc, storage_options=storage_options),
-               start) for name, kind, loc, start in parts]
+    stores = []
+    for name, kind, loc, start in parts:
+        cls = Dense if kind == "dense" else Ragged
+        stores.append((name, cls.open(loc, storage_options=storage_options), start))
     try:
         for off in range(0, count, block_rows):
             n = min(block_rows, count - off)
@@ -457,7 +481,7 @@ class ZrecordDatasource(Datasource):
                     firsts.append(first)
                     first += s["records"]
                 bounds.update(firsts + [first])
-                if kind == "dense":
+                if isinstance(store, Dense):
                     self._row_bytes += store.dtype.itemsize * int(np.prod(store.item_shape))
                 elif n:  # decoded size is not recorded: sample the first rows
                     sample = store[:min(n, 64)]
@@ -470,7 +494,7 @@ class ZrecordDatasource(Datasource):
         self._rows = lengths[name]
         # Every shard boundary of any column: a range between two never spans shards.
         edges = sorted(bounds)
-        self._ranges = [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
+        self._ranges = [(a, b) for a, b in zip(edges, edges[1:], strict=False) if b > a]
         self._block_rows = int(block_rows or max(1, BLOCK_BYTES // max(1, self._row_bytes)))
 
     def estimate_inmemory_data_size(self) -> int | None:
@@ -481,18 +505,20 @@ class ZrecordDatasource(Datasource):
         """One read task per shard range, split further (by rows) when Ray
         asks for more parallelism than there are shards."""
         tasks = []
+        # Passed only when set: Ray versions without limit pushdown lack the argument.
+        extra = {} if per_task_row_limit is None else {"per_task_row_limit": per_task_row_limit}
         for a, b in self._ranges:
             pieces = max(1, min(b - a, max(1, parallelism) * (b - a) // max(1, self._rows)))
             cuts = [a + (b - a) * k // pieces for k in range(pieces + 1)]
-            for start, stop in zip(cuts, cuts[1:]):
+            for start, stop in zip(cuts, cuts[1:], strict=False):
                 parts = []
                 for name, (kind, locs, firsts) in self._columns.items():
                     i = bisect.bisect_right(firsts, start) - 1  # the shard holding row `start`
                     parts.append((name, kind, locs[i], start - firsts[i]))
-                meta = BlockMetadata(num_rows=stop - start, size_bytes=(stop - start) * self._row_bytes,
+                rows = stop - start
+                meta = BlockMetadata(num_rows=rows, size_bytes=rows * self._row_bytes,
                                      input_files=None, exec_stats=None)
-                extra = {} if per_task_row_limit is None else {"per_task_row_limit": per_task_row_limit}
-                read = functools.partial(_read_rows, parts, stop - start, self._block_rows, self._options)
+                read = functools.partial(_read_rows, parts, rows, self._block_rows, self._options)
                 tasks.append(ReadTask(read, meta, **extra))
         return tasks
 

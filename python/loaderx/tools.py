@@ -113,7 +113,9 @@ def _store_dirs_below(p: pathlib.Path) -> list[str]:
         return []
 
 
-def open_store(path: PathLike, storage_options: StorageOptions | None = None) -> Dense | Ragged:
+def open_store(
+    path: PathLike, storage_options: StorageOptions | None = None, verify_checksums: bool = False
+) -> Dense | Ragged:
     """Opens the store or store set at ``path`` (a local path or an
     object-storage URL) read-only as whichever of Dense or Ragged it is.
 
@@ -136,7 +138,7 @@ def open_store(path: PathLike, storage_options: StorageOptions | None = None) ->
                         "instead, or it is a store set whose writer never closed")
             raise NotAStoreError(f"{p} is not a Zrecord store (it has no meta.zr){hint}")
     try:
-        return _open_any(text, storage_options=storage_options)
+        return _open_any(text, storage_options=storage_options, verify_checksums=verify_checksums)
     except ZrecordError:
         raise
     except ValueError as e:  # the engine's schema errors: neither kind
@@ -190,7 +192,7 @@ def info(path: PathLike, storage_options: StorageOptions | None = None) -> dict[
     ``dtype``, ``item_shape`` (a list; None for Ragged), ``codec``,
     ``records``, ``logical_bytes`` (the records' uncompressed sizes as
     stored; a Ragged record counts its shape prefix too), ``disk_bytes``
-    (meta.zr + data.zr + dict.zr of every shard), ``ratio`` (logical / on
+    (every file of every shard: meta.zr, data.zr, dict.zr, sums.zr), ``ratio`` (logical / on
     disk) and ``dict_bytes`` (dictionary size, 0 without one).
     """
     with open_store(path, storage_options) as store:
@@ -212,6 +214,10 @@ class VerifyResult:
     first_bad_index: int | None
     error: str | None
     kind: str | None = None
+    #: What was checked beyond structure: "frames" (zstd content checksums),
+    #: "sidecar" (a raw store's sums.zr), or None (structure only: the store
+    #: has no checksums, e.g. one written by loaderx 2.0.0).
+    content: str | None = None
 
     def __bool__(self) -> bool:
         return self.ok
@@ -263,7 +269,10 @@ def _error_text(e: BaseException) -> str:
 def verify(
     path: PathLike, progress: ProgressArg = None, storage_options: StorageOptions | None = None
 ) -> VerifyResult:
-    """Opens the store or store set at ``path`` and decodes every record, in chunks.
+    """Opens the store or store set at ``path`` and decodes every record, in
+    chunks, checking each against its content checksum where the store has
+    them (see ``VerifyResult.content``; without them only the structure can be
+    checked, and the result says so).
 
     Decoding checks each record against the schema natively (frame sizes,
     Ragged shape prefixes, dictionary). Returns a :class:`VerifyResult`;
@@ -273,11 +282,13 @@ def verify(
     """
     p = os.fspath(path)
     try:
-        store = open_store(p, storage_options)
+        store = open_store(p, storage_options, verify_checksums=True)
+        content = store.checksums
     except Exception as e:  # every failure to open is a finding, not a crash
         return VerifyResult(str(p), False, None, None, _error_text(e))
     with store:
         n = len(store)
+        kind = _kind(store)
         meter = make_progress(progress, n, f"verify {p}")
         try:
             for a, b in _chunks_of(store, 0, n):
@@ -286,14 +297,14 @@ def verify(
                 except Exception as e:
                     found = _first_bad(store, a, b)
                     if found is None:  # a transient failure that did not repeat
-                        return VerifyResult(str(p), False, n, a, _error_text(e), _kind(store))
-                    return VerifyResult(str(p), False, n, found[0], found[1], _kind(store))
+                        return VerifyResult(str(p), False, n, a, _error_text(e), kind, content)
+                    return VerifyResult(str(p), False, n, found[0], found[1], kind, content)
                 meter.update(b - a)
         except Exception as e:  # e.g. the record table cannot be read
-            return VerifyResult(str(p), False, n, None, _error_text(e), _kind(store))
+            return VerifyResult(str(p), False, n, None, _error_text(e), kind, content)
         finally:
             meter.close()
-        return VerifyResult(str(p), True, n, None, None, _kind(store))
+        return VerifyResult(str(p), True, n, None, None, kind, content)
 
 
 # ---------------------------------------------------------------------------

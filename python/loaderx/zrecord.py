@@ -117,7 +117,11 @@ def _location(path: PathLike) -> tuple[str, pathlib.Path | str]:
 
 
 def _open_any(
-    path: PathLike, *, data_access: str | None = None, storage_options: StorageOptions | None = None
+    path: PathLike,
+    *,
+    data_access: str | None = None,
+    storage_options: StorageOptions | None = None,
+    verify_checksums: bool = False,
 ) -> Dense | Ragged:
     """Opens the store or store set at ``path`` read-only as whichever of
     :class:`Dense` or :class:`Ragged` it is (the engine reads its schema)."""
@@ -125,7 +129,7 @@ def _open_any(
         raise ValueError(f"data_access must be 'auto', 'read' or 'map', got {data_access!r}")
     text, shown = _location(path)
     options = _storage_options(storage_options)
-    kind, handle = _native.ReaderHandle.open_any(text, data_access, options)
+    kind, handle = _native.ReaderHandle.open_any(text, data_access, options, verify_checksums)
     cls: type[Dense] | type[Ragged] = Dense if kind == "dense" else Ragged
     return cls._adopt(handle, shown, options)
 
@@ -219,7 +223,9 @@ class _Store:
     """Shared lifecycle of Dense and Ragged: writer/reader roles, close, with."""
 
     _kind: str = ""
-    __slots__ = ("_path", "_dtype", "_codec", "_writer", "_reader", "_has_dict", "_storage_options")
+    __slots__ = (
+        "_path", "_dtype", "_codec", "_writer", "_reader", "_has_dict", "_storage_options", "_verify",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         name = type(self).__name__
@@ -239,8 +245,11 @@ class _Store:
         shard_records: Any = None,
         shard_bytes: Any = None,
         storage_options: StorageOptions | None = None,
+        checksums: bool = True,
     ) -> _S:
         text, shown = _location(path)
+        if not isinstance(checksums, bool):
+            raise TypeError(f"checksums must be a bool, got {checksums!r}")
         records = _shard_limit("shard_records", shard_records)
         nbytes = _shard_limit("shard_bytes", shard_bytes)
         options = _storage_options(storage_options)
@@ -251,7 +260,8 @@ class _Store:
         self._reader = None
         self._storage_options = options
         self._writer = _native.WriterHandle.create(
-            text, cls._kind, dtype.str, item_shape, codec, dict_bytes, records, nbytes, options
+            text, cls._kind, dtype.str, item_shape, codec, dict_bytes, records, nbytes, options,
+            checksums,
         )
         self._has_dict = dict_bytes is not None
         return self
@@ -262,13 +272,23 @@ class _Store:
         path: PathLike,
         data_access: str | None,
         storage_options: StorageOptions | None = None,
+        verify_checksums: bool = False,
     ) -> _S:
         if data_access not in (None, "auto", "read", "map"):
             raise ValueError(f"data_access must be 'auto', 'read' or 'map', got {data_access!r}")
         text, shown = _location(path)
+        if data_access is not None and _is_url(text):
+            raise ValueError(
+                f"data_access={data_access!r} applies to local stores; {text} is read with "
+                "range requests (tune them with storage_options)"
+            )
         options = _storage_options(storage_options)
-        handle = _native.ReaderHandle.open(text, cls._kind, data_access, options)
-        return cls._adopt(handle, shown, options)
+        handle = _native.ReaderHandle.open(
+            text, cls._kind, data_access, options, bool(verify_checksums)
+        )
+        self = cls._adopt(handle, shown, options)
+        self._verify = bool(verify_checksums)
+        return self
 
     @classmethod
     def _adopt(
@@ -278,6 +298,7 @@ class _Store:
         self = object.__new__(cls)
         self._path = shown
         self._storage_options = options
+        self._verify = False
         try:
             self._dtype = _check_dtype(handle.dtype)
         except (TypeError, ValueError) as e:
@@ -337,6 +358,15 @@ class _Store:
     def writable(self) -> bool:
         """True for a writer from ``create``, False for a reader from ``open``."""
         return self._writer is not None
+
+    @property
+    def checksums(self) -> str | None:
+        """What checks a reader's records carry: ``"frames"`` (every zstd frame
+        holds zstd's content checksum, verified on every decode),
+        ``"sidecar"`` (a raw store's ``sums.zr``: an XXH3-64 per record,
+        verified when opened with ``verify_checksums=True``) or None (stores
+        written without checksums, e.g. by loaderx 2.0.0)."""
+        return self._require_reader().checksums()
 
     def has_dict(self) -> bool:
         """Whether the store carries a zstd dictionary (``dict.zr``)."""
@@ -408,6 +438,7 @@ class _Store:
             type(self).open,
             data_access=None if access == "remote" else access,
             storage_options=self._storage_options,
+            verify_checksums=self._verify,
         )
         return (reopen, (self._path,))
 
@@ -509,6 +540,7 @@ class Dense(_Store):
         shard_records: int | None = None,
         shard_bytes: int | None = None,
         storage_options: StorageOptions | None = None,
+        checksums: bool = True,
     ) -> Dense:
         """Creates a new Dense store at ``path`` (a new or empty directory, or
         an empty object-storage prefix such as ``s3://bucket/train``) and
@@ -520,12 +552,18 @@ class Dense(_Store):
         one holds that many records or payload bytes, and ``close()`` writes
         the set's manifest last. ``storage_options`` configures object
         storage (see docs/scale.md); the standard environment variables
-        apply otherwise."""
+        apply otherwise.
+
+        ``checksums`` (default True) gives every record a content checksum:
+        zstd frames carry zstd's own, which every reader (loaderx 2.0.0's
+        too) verifies when it decodes; raw stores get a ``sums.zr`` sidecar
+        that loaderx 2.0.0 ignores. See :attr:`checksums`."""
         dt = _check_dtype(dtype)
         shape = _check_item_shape(item_shape, dt)
         blob = _check_codec(codec, dict_bytes)
         self = cls._writer_of(
-            path, dt, list(shape), codec, blob, shard_records, shard_bytes, storage_options
+            path, dt, list(shape), codec, blob, shard_records, shard_bytes, storage_options,
+            checksums,
         )
         self._item_shape = shape
         return self
@@ -537,6 +575,7 @@ class Dense(_Store):
         *,
         data_access: str | None = None,
         storage_options: StorageOptions | None = None,
+        verify_checksums: bool = False,
     ) -> Dense:
         """Opens the committed Dense store, or store set, at ``path`` (a local
         path or an object-storage URL) read-only.
@@ -547,9 +586,11 @@ class Dense(_Store):
         them), ``"auto"`` maps raw stores of small records and reads the rest.
         Default: the ``LOADERX_DATA_ACCESS`` environment variable, else auto.
         Object storage is read with concurrent, merged range requests;
-        ``storage_options`` configures it.
+        ``storage_options`` configures it. ``verify_checksums=True`` checks
+        every raw record read against the store's ``sums.zr`` (a corrupt one
+        raises ZrecordError); zstd frames with checksums are always checked.
         """
-        return cls._reader_of(path, data_access, storage_options)
+        return cls._reader_of(path, data_access, storage_options, verify_checksums)
 
     @property
     def item_shape(self) -> tuple[int, ...]:
@@ -618,15 +659,16 @@ class Ragged(_Store):
         shard_records: int | None = None,
         shard_bytes: int | None = None,
         storage_options: StorageOptions | None = None,
+        checksums: bool = True,
     ) -> Ragged:
         """Creates a new Ragged store at ``path`` (a new or empty directory, or
         an empty object-storage prefix) and returns its append-only writer
-        (``shard_records``, ``shard_bytes`` and ``storage_options`` as for
-        :meth:`Dense.create`)."""
+        (``shard_records``, ``shard_bytes``, ``storage_options`` and
+        ``checksums`` as for :meth:`Dense.create`)."""
         dt = _check_dtype(dtype)
         blob = _check_codec(codec, dict_bytes)
         return cls._writer_of(
-            path, dt, None, codec, blob, shard_records, shard_bytes, storage_options
+            path, dt, None, codec, blob, shard_records, shard_bytes, storage_options, checksums
         )
 
     @classmethod
@@ -636,10 +678,12 @@ class Ragged(_Store):
         *,
         data_access: str | None = None,
         storage_options: StorageOptions | None = None,
+        verify_checksums: bool = False,
     ) -> Ragged:
         """Opens the committed Ragged store, or store set, at ``path`` read-only
-        (``data_access`` and ``storage_options`` as for :meth:`Dense.open`)."""
-        return cls._reader_of(path, data_access, storage_options)
+        (``data_access``, ``storage_options`` and ``verify_checksums`` as for
+        :meth:`Dense.open`)."""
+        return cls._reader_of(path, data_access, storage_options, verify_checksums)
 
     def append(self, records: Iterable[np.ndarray]) -> None:
         """Appends every array of ``records`` (any iterable, consumed once), each

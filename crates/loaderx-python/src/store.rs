@@ -12,7 +12,8 @@ use loaderx::remote::StorageOptions;
 use loaderx::schema::{DType, Kind, Schema};
 use loaderx::store::manifest::ShardEntry;
 use loaderx::store::{
-    DataAccess, DatasetWriter, RaggedRecord, Sharding, StoreReader, WriteOptions,
+    Checksums, DataAccess, DatasetWriter, RaggedRecord, ReadOptions, Sharding, StoreReader,
+    WriteOptions,
 };
 use loaderx::{Codec, Error};
 use numpy::npyffi::npy_intp;
@@ -137,7 +138,7 @@ impl WriterHandle {
     /// `shard_bytes` is given. `item_shape` is given for Dense stores only;
     /// `path` is a local path or an object-storage URL.
     #[staticmethod]
-    #[pyo3(signature = (path, kind, dtype, item_shape, codec, dict_bytes=None, shard_records=None, shard_bytes=None, storage_options=None))]
+    #[pyo3(signature = (path, kind, dtype, item_shape, codec, dict_bytes=None, shard_records=None, shard_bytes=None, storage_options=None, checksums=true))]
     #[allow(clippy::too_many_arguments)]
     fn create(
         py: Python<'_>,
@@ -150,6 +151,7 @@ impl WriterHandle {
         shard_records: Option<u64>,
         shard_bytes: Option<u64>,
         storage_options: Option<BTreeMap<String, Bound<'_, PyAny>>>,
+        checksums: bool,
     ) -> PyResult<Self> {
         let storage = self::storage_options(storage_options)?;
         let kind = parse_kind(kind)?;
@@ -164,6 +166,7 @@ impl WriterHandle {
             codec,
             dict,
             sharding,
+            checksums,
             storage,
         };
         let writer = py
@@ -346,42 +349,52 @@ impl ReaderHandle {
     /// "ragged"); `data_access` is "auto", "read" or "map" (None:
     /// `LOADERX_DATA_ACCESS`, else auto).
     #[staticmethod]
-    #[pyo3(signature = (path, kind, data_access=None, storage_options=None))]
+    #[pyo3(signature = (path, kind, data_access=None, storage_options=None, verify_checksums=false))]
     fn open(
         py: Python<'_>,
         path: String,
         kind: &str,
         data_access: Option<&str>,
         storage_options: Option<BTreeMap<String, Bound<'_, PyAny>>>,
+        verify_checksums: bool,
     ) -> PyResult<Self> {
-        let storage = self::storage_options(storage_options)?;
         let kind = parse_kind(kind)?;
-        let access = parse_access(data_access)?;
+        let options = read_options(data_access, storage_options, verify_checksums)?;
         let reader = py
-            .detach(|| StoreReader::open_location(&path, kind, access, &storage))
+            .detach(|| StoreReader::open_with_options(&path, kind, &options))
             .py(py)?;
         Ok(Self::of(reader))
     }
 
     /// Opens whichever kind of store is at `path`: `(kind, handle)`.
     #[staticmethod]
-    #[pyo3(signature = (path, data_access=None, storage_options=None))]
+    #[pyo3(signature = (path, data_access=None, storage_options=None, verify_checksums=false))]
     fn open_any(
         py: Python<'_>,
         path: String,
         data_access: Option<&str>,
         storage_options: Option<BTreeMap<String, Bound<'_, PyAny>>>,
+        verify_checksums: bool,
     ) -> PyResult<(&'static str, Self)> {
-        let storage = self::storage_options(storage_options)?;
-        let access = parse_access(data_access)?;
+        let options = read_options(data_access, storage_options, verify_checksums)?;
         let (kind, reader) = py
-            .detach(|| StoreReader::probe_kind(&path, access, &storage))
+            .detach(|| StoreReader::probe_kind(&path, &options))
             .py(py)?;
         let name = match kind {
             Kind::Dense => "dense",
             Kind::Ragged => "ragged",
         };
         Ok((name, Self::of(reader)))
+    }
+
+    /// "frames" (zstd content checksums), "sidecar" (sums.zr) or None.
+    fn checksums(&self, py: Python<'_>) -> PyResult<Option<&'static str>> {
+        let reader = self.reader()?;
+        Ok(match py.detach(|| reader.checksums()).py(py)? {
+            Checksums::Frames => Some("frames"),
+            Checksums::Sidecar => Some("sidecar"),
+            Checksums::None => None,
+        })
     }
 
     /// Bytes the store takes in storage (every shard's files).
@@ -536,6 +549,18 @@ impl ReaderHandle {
             .py(py)?;
         packed_tuple(py, packed, dtype)
     }
+}
+
+fn read_options(
+    data_access: Option<&str>,
+    storage_options: Option<BTreeMap<String, Bound<'_, PyAny>>>,
+    verify_checksums: bool,
+) -> PyResult<ReadOptions> {
+    Ok(ReadOptions {
+        access: parse_access(data_access)?,
+        verify_checksums,
+        storage: self::storage_options(storage_options)?,
+    })
 }
 
 fn parse_access(data_access: Option<&str>) -> PyResult<DataAccess> {

@@ -22,7 +22,13 @@ pub(crate) enum Encoder<'d> {
 }
 
 impl<'d> Encoder<'d> {
-    pub(crate) fn new(codec: Codec, dict: Option<&'d EncoderDictionary<'static>>) -> Result<Self> {
+    /// An encoder of `codec`; with `checksum`, each zstd frame carries the
+    /// content checksum libzstd verifies on every decode.
+    pub(crate) fn new(
+        codec: Codec,
+        dict: Option<&'d EncoderDictionary<'static>>,
+        checksum: bool,
+    ) -> Result<Self> {
         let ctx = match (codec, dict) {
             (Codec::Raw, _) => return Ok(Encoder::Raw),
             (Codec::Zstd, _) => Compressor::new(ZSTD_LEVEL),
@@ -34,6 +40,11 @@ impl<'d> Encoder<'d> {
             }
         }
         .map_err(|e| Error::OutOfMemory(format!("creating a zstd compression context: {e}")))?;
+        let mut ctx = ctx;
+        if checksum {
+            ctx.set_parameter(zstd::stream::raw::CParameter::ChecksumFlag(true))
+                .map_err(|e| Error::OutOfMemory(format!("configuring zstd: {e}")))?;
+        }
         Ok(Encoder::Zstd {
             ctx,
             frame: Vec::new(),

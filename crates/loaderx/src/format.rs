@@ -42,6 +42,25 @@ pub const META_FILE: &str = "meta.zr";
 pub const DATA_FILE: &str = "data.zr";
 /// Name of the dictionary file inside a store directory.
 pub const DICT_FILE: &str = "dict.zr";
+/// Name of the optional checksum sidecar of a raw store: `SUMS_MAGIC`, the
+/// record count (u64, written at commit), then one XXH3-64 per record.
+/// loaderx 2.0.0 does not know it and ignores it.
+pub const SUMS_FILE: &str = "sums.zr";
+/// First 8 bytes of `sums.zr`.
+pub const SUMS_MAGIC: [u8; 8] = *b"LXSUMS\x00\x01";
+/// Bytes before the first checksum in `sums.zr`.
+pub const SUMS_HEADER: u64 = 16;
+
+/// Whether a zstd frame's header sets the content-checksum flag (libzstd
+/// then checks the last 4 bytes against the decoded content on every
+/// decode). `None` when `frame` is too short or not a zstd frame.
+pub fn frame_has_checksum(frame: &[u8]) -> Option<bool> {
+    const MAGIC: [u8; 4] = 0xFD2F_B528u32.to_le_bytes();
+    if frame.len() < 5 || frame[..4] != MAGIC {
+        return None;
+    }
+    Some(frame[4] & 0x04 != 0)
+}
 
 /// The one compression method of a store, fixed at creation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

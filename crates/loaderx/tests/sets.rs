@@ -28,6 +28,7 @@ fn options(codec: Codec, records: Option<u64>, bytes: Option<u64>) -> WriteOptio
         codec,
         dict: None,
         sharding: Some(Sharding { records, bytes }),
+        checksums: true,
         storage: StorageOptions::new(),
     }
 }

@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::format::{Codec, DATA_FILE, DICT_FILE, META_FILE};
+use crate::format::{Codec, DATA_FILE, DICT_FILE, META_FILE, SUMS_FILE};
 use crate::io;
 use crate::remote::{self, Remote, StorageOptions};
 use crate::schema::Schema;
@@ -44,6 +44,8 @@ pub struct WriteOptions {
     pub dict: Option<Vec<u8>>,
     /// `None`: one plain store. `Some`: a store set.
     pub sharding: Option<Sharding>,
+    /// Content checksums (see [`CreateOptions::checksums`]).
+    pub checksums: bool,
     /// Object-storage settings (see [`crate::remote`]).
     pub storage: StorageOptions,
 }
@@ -73,6 +75,7 @@ pub struct DatasetWriter {
     codec: Codec,
     dict: Option<Vec<u8>>,
     sharding: Option<Sharding>,
+    checksums: bool,
     /// The store being written, and its name in the set ("" for a plain store).
     current: Option<(String, StoreWriter)>,
     shards: Vec<ShardEntry>,
@@ -122,7 +125,7 @@ fn claim_local_root(root: &Path) -> Result<bool> {
 
 /// Flushes a committed local store's files and directory entry.
 fn sync_store(dir: &Path) -> Result<()> {
-    for name in [DATA_FILE, DICT_FILE, META_FILE] {
+    for name in [DATA_FILE, DICT_FILE, SUMS_FILE, META_FILE] {
         let path = dir.join(name);
         match std::fs::File::open(&path) {
             Ok(f) => f
@@ -135,11 +138,14 @@ fn sync_store(dir: &Path) -> Result<()> {
     io::sync_dir(dir)
 }
 
-/// Uploads the committed store staged at `dir` to `to`, in commit order.
+/// Uploads the committed store staged at `dir` to `to`, in commit order
+/// (`meta.zr`, which makes it a store, last).
 async fn upload_store(dir: &Path, to: &Remote) -> Result<()> {
     to.upload_file(DATA_FILE, &dir.join(DATA_FILE)).await?;
-    if dir.join(DICT_FILE).exists() {
-        to.upload_file(DICT_FILE, &dir.join(DICT_FILE)).await?;
+    for extra in [DICT_FILE, SUMS_FILE] {
+        if dir.join(extra).exists() {
+            to.upload_file(extra, &dir.join(extra)).await?;
+        }
     }
     to.upload_file(META_FILE, &dir.join(META_FILE)).await
 }
@@ -220,12 +226,12 @@ pub fn upload(local: &Path, url: &str, storage: &StorageOptions) -> Result<()> {
         )));
     }
     // Only what opens is published: the same checks a reader makes.
-    let probe = crate::store::StoreReader::probe_kind(
-        &local.display().to_string(),
-        crate::store::DataAccess::Read,
-        storage,
-    )?
-    .1;
+    let read = crate::store::ReadOptions {
+        access: crate::store::DataAccess::Read,
+        verify_checksums: false,
+        storage: storage.clone(),
+    };
+    let probe = crate::store::StoreReader::probe_kind(&local.display().to_string(), &read)?.1;
     let shards: Vec<String> = probe
         .manifest()
         .map(|m| m.shards.iter().map(|s| s.path.clone()).collect())
@@ -270,6 +276,7 @@ pub fn write_shard(
             codec,
             dict,
             sharding: None,
+            checksums: true,
             storage: storage.clone(),
         },
     )?;
@@ -289,6 +296,7 @@ impl DatasetWriter {
             codec,
             dict,
             sharding,
+            checksums,
             storage,
         } = options;
         if let Some(s) = &sharding {
@@ -341,6 +349,7 @@ impl DatasetWriter {
             codec,
             dict,
             sharding,
+            checksums,
             current: None,
             shards: Vec::new(),
             closed: false,
@@ -381,6 +390,7 @@ impl DatasetWriter {
             CreateOptions {
                 codec: self.codec,
                 dict: self.dict.clone(),
+                checksums: self.checksums,
             },
         )?;
         self.current = Some((name, store));

@@ -25,6 +25,8 @@ pub(crate) struct Work<'a> {
     pub label: u64,
     /// Its segment.
     pub seg: usize,
+    /// Its index within the segment.
+    pub local: u64,
     /// Its validated table entry.
     pub loc: RecordLoc,
     /// Its destination, exactly its logical size.
@@ -134,6 +136,7 @@ fn decode(
         let at = (w.loc.offset - group.span.start) as usize;
         let frame = &bytes[at..at + w.loc.phys_length as usize];
         dec.decode_into(w.label, frame, w.slot)?;
+        seg.check_sum(w.local, w.label, w.slot)?;
     }
     Ok(())
 }
@@ -259,18 +262,21 @@ mod tests {
             Work {
                 label: 2,
                 seg: 0,
+                local: 2,
                 loc: loc(41, 5),
                 slot: it.next().unwrap(),
             },
             Work {
                 label: 0,
                 seg: 0,
+                local: 0,
                 loc: loc(0, 5),
                 slot: it.next().unwrap(),
             },
             Work {
                 label: 1,
                 seg: 0,
+                local: 1,
                 loc: loc(5, 5),
                 slot: it.next().unwrap(),
             },

@@ -53,7 +53,9 @@ pub use dataset::{
 };
 pub use fetch::request_count;
 pub use geometry::{parse_ragged, RaggedRecord, MAX_NDIM};
-pub use reader::{DataAccess, StoreReader, MAP_RECORD_BYTES, MAX_DICT_BYTES};
+pub use reader::{
+    Checksums, DataAccess, ReadOptions, StoreReader, MAP_RECORD_BYTES, MAX_DICT_BYTES,
+};
 pub use writer::{CreateOptions, StoreWriter};
 
 use crate::error::Result;
@@ -78,7 +80,7 @@ impl DenseWriter {
     ) -> Result<Self> {
         let schema = Schema::dense(dtype, item_shape.to_vec())?;
         let width = schema.record_width().expect("dense") as usize;
-        let inner = StoreWriter::create(dir, schema, CreateOptions { codec, dict })?;
+        let inner = StoreWriter::create(dir, schema, CreateOptions::new(codec, dict))?;
         Ok(DenseWriter { inner, width })
     }
 
@@ -171,7 +173,8 @@ impl RaggedWriter {
         codec: Codec,
         dict: Option<Vec<u8>>,
     ) -> Result<Self> {
-        let inner = StoreWriter::create(dir, Schema::ragged(dtype), CreateOptions { codec, dict })?;
+        let inner =
+            StoreWriter::create(dir, Schema::ragged(dtype), CreateOptions::new(codec, dict))?;
         Ok(RaggedWriter { inner })
     }
 

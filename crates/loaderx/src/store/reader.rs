@@ -94,6 +94,30 @@ impl DataAccess {
 /// keeps a stray or hostile file from costing its size in memory.
 pub const MAX_DICT_BYTES: u64 = 64 << 20;
 
+/// How [`StoreReader::open_with_options`] opens.
+#[derive(Clone, Debug, Default)]
+pub struct ReadOptions {
+    /// How local `data.zr` files are read.
+    pub access: DataAccess,
+    /// Check every record read against its checksum where the store has
+    /// them: raw stores' `sums.zr` sidecar (zstd frames with checksums are
+    /// always checked, by libzstd).
+    pub verify_checksums: bool,
+    /// Object-storage settings.
+    pub storage: StorageOptions,
+}
+
+/// What content checks a store's records carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checksums {
+    /// None: only the structure can be checked.
+    None,
+    /// Every zstd frame carries zstd's content checksum.
+    Frames,
+    /// A `sums.zr` sidecar holds an XXH3-64 of every raw record.
+    Sidecar,
+}
+
 /// An open, read-only store (or store set) of either kind.
 pub struct StoreReader {
     /// The path or URL it was opened at, for messages.
@@ -233,11 +257,14 @@ impl StoreReader {
     /// Opens the committed local store (or store set) at `dir` as `kind`,
     /// reading `data.zr` with `access`.
     pub fn open_with(dir: impl AsRef<Path>, kind: Kind, access: DataAccess) -> Result<Self> {
-        let dir = dir.as_ref();
+        Self::open_local(dir.as_ref(), kind, access, false)
+    }
+
+    fn open_local(dir: &Path, kind: Kind, access: DataAccess, verify: bool) -> Result<Self> {
         let location = dir.display().to_string();
         match read_local_manifest(dir)? {
             None => {
-                let seg = Segment::open_local(dir, kind, access).map_err(|e| match e {
+                let seg = Segment::open_local(dir, kind, access, verify).map_err(|e| match e {
                     Error::NotFound { .. } => unfinished_set_hint(dir).unwrap_or(e),
                     other => other,
                 })?;
@@ -256,7 +283,7 @@ impl StoreReader {
                 crate::io::ensure_file_room(m.shards.len().saturating_mul(2))?;
                 let mut segments = Vec::with_capacity(m.shards.len());
                 for entry in &m.shards {
-                    let seg = Segment::open_local(&dir.join(&entry.path), kind, access)
+                    let seg = Segment::open_local(&dir.join(&entry.path), kind, access, verify)
                         .map_err(|e| shard_error(&entry.path, e))?;
                     check_shard(&seg, entry, &m, &schema)?;
                     segments.push(seg);
@@ -277,10 +304,25 @@ impl StoreReader {
         access: DataAccess,
         options: &StorageOptions,
     ) -> Result<Self> {
+        Self::open_with_options(
+            location,
+            kind,
+            &ReadOptions {
+                access,
+                verify_checksums: false,
+                storage: options.clone(),
+            },
+        )
+    }
+
+    /// Opens the store or store set at `location` (a path or URL, as for
+    /// [`open_location`](Self::open_location)) with every read option.
+    pub fn open_with_options(location: &str, kind: Kind, options: &ReadOptions) -> Result<Self> {
+        let verify = options.verify_checksums;
         if !remote::is_url(location) {
-            return Self::open_with(remote::local_path(location)?, kind, access);
+            return Self::open_local(&remote::local_path(location)?, kind, options.access, verify);
         }
-        let root = Remote::parse(location, options)?;
+        let root = Remote::parse(location, &options.storage)?;
         let shown = root.url().to_string();
         remote::block_on(async {
             let manifest = match root.get_all(MANIFEST_FILE).await? {
@@ -295,7 +337,7 @@ impl StoreReader {
             };
             match manifest {
                 None => {
-                    let seg = Segment::open_remote(&root, kind).await?;
+                    let seg = Segment::open_remote(&root, kind, verify).await?;
                     Self::assemble(
                         shown.clone(),
                         seg.schema.clone(),
@@ -312,7 +354,7 @@ impl StoreReader {
                     let root_ref = &root;
                     let segments: Vec<Segment> = futures::stream::iter(&m.shards)
                         .map(|entry| async move {
-                            Segment::open_remote(&root_ref.child(&entry.path), kind)
+                            Segment::open_remote(&root_ref.child(&entry.path), kind, verify)
                                 .await
                                 .map_err(|e| shard_error(&entry.path, e))
                         })
@@ -337,15 +379,11 @@ impl StoreReader {
     }
 
     /// Which kind of store (or set) is at `location`, found by opening it.
-    pub fn probe_kind(
-        location: &str,
-        access: DataAccess,
-        options: &StorageOptions,
-    ) -> Result<(Kind, StoreReader)> {
-        match Self::open_location(location, Kind::Dense, access, options) {
+    pub fn probe_kind(location: &str, options: &ReadOptions) -> Result<(Kind, StoreReader)> {
+        match Self::open_with_options(location, Kind::Dense, options) {
             Ok(r) => Ok((Kind::Dense, r)),
             Err(Error::Schema(dense_why)) => {
-                match Self::open_location(location, Kind::Ragged, access, options) {
+                match Self::open_with_options(location, Kind::Ragged, options) {
                     Ok(r) => Ok((Kind::Ragged, r)),
                     Err(Error::Schema(_)) => Err(Error::Schema(format!(
                         "{location}: the schema is neither a Dense nor a Ragged one ({dense_why})"
@@ -480,6 +518,29 @@ impl StoreReader {
             .iter()
             .map(|&i| self.loc(i).map(|l| l.logic_length))
             .collect()
+    }
+
+    /// The content checksums every shard carries ([`Checksums::None`] if
+    /// any shard lacks them). For zstd stores this reads the first frame
+    /// header of each shard.
+    pub fn checksums(&self) -> Result<Checksums> {
+        if self.codec == Codec::Raw {
+            let all = self.segments.iter().all(|s| s.has_sums);
+            return Ok(if all {
+                Checksums::Sidecar
+            } else {
+                Checksums::None
+            });
+        }
+        let flags = remote::block_on(futures::future::try_join_all(
+            self.segments.iter().map(|s| s.frames_checksummed()),
+        ))??;
+        let all = flags.iter().all(|f| *f != Some(false)) && flags.iter().any(Option::is_some);
+        Ok(if all {
+            Checksums::Frames
+        } else {
+            Checksums::None
+        })
     }
 
     /// Number of physical stores: 1, or the shards of a set.
@@ -618,6 +679,7 @@ impl StoreReader {
             work.push(Work {
                 label: i,
                 seg,
+                local,
                 loc,
                 slot,
             });
@@ -653,6 +715,7 @@ impl StoreReader {
                 let loc = seg.loc(local, i)?;
                 check_width(i, &loc, width)?;
                 seg.read_record(i, &loc, slot, decs.get(seg.pool)?)?;
+                seg.check_sum(local, i, slot)?;
             }
             Ok(())
         };
@@ -689,7 +752,7 @@ impl StoreReader {
                 .checked_add(loc.logic_length as usize)
                 .ok_or_else(|| Error::OutOfMemory("gather size overflows".into()))?;
             ranges.push(start..end);
-            locs.push((s, loc));
+            locs.push((s, local, loc));
             total = end;
         }
         let mut buf = crate::buffers::take(total).ok_or_else(|| {
@@ -716,9 +779,10 @@ impl StoreReader {
             .iter()
             .zip(locs)
             .zip(slots)
-            .map(|((&label, (seg, loc)), slot)| Work {
+            .map(|((&label, (seg, local, loc)), slot)| Work {
                 label,
                 seg,
+                local,
                 loc,
                 slot,
             })
@@ -730,7 +794,8 @@ impl StoreReader {
         self.check_mapped(indices)?;
         let run = |decs: &mut TaskDecoders<'_>, w: Work<'_>| {
             let seg = &self.segments[w.seg];
-            seg.read_record(w.label, &w.loc, w.slot, decs.get(seg.pool)?)
+            seg.read_record(w.label, &w.loc, w.slot, decs.get(seg.pool)?)?;
+            seg.check_sum(w.local, w.label, w.slot)
         };
         if total <= INLINE_BYTES || work.len() == 1 {
             let mut decs = TaskDecoders::new(&self.decoders);

@@ -25,11 +25,13 @@ use crate::codec::Decoder;
 use crate::error::{Error, Result};
 use crate::format::{
     Codec, Header, RecordLoc, DATA_FILE, DICT_FILE, HEADER_SIZE, LOC_SIZE, META_FILE, PAGE_SIZE,
+    SUMS_FILE, SUMS_HEADER, SUMS_MAGIC,
 };
 use crate::io::{self, LockMode};
 use crate::remote::{self, ObjectInfo, Remote};
 use crate::schema::{Kind, Schema};
 use crate::store::reader::{DataAccess, MAX_DICT_BYTES};
+use xxhash_rust::xxh3::xxh3_64;
 
 /// Record-table entries per remotely fetched chunk (64 KiB).
 pub(crate) const REMOTE_TABLE_CHUNK: u64 = 4096;
@@ -85,8 +87,12 @@ pub(crate) struct Segment {
     pub(crate) dict: Option<Vec<u8>>,
     /// Which of the reader's decoder pools decodes this segment's frames.
     pub(crate) pool: usize,
-    /// Bytes of its three files, as found at open.
+    /// Bytes of its files, as found at open.
     pub(crate) disk_bytes: u64,
+    /// Whether a checksum sidecar (`sums.zr`) was found.
+    pub(crate) has_sums: bool,
+    /// The sidecar's checksums, loaded when the reader verifies content.
+    sums: Option<Vec<u64>>,
     // Local stores: holds the shared lock for the reader's lifetime.
     _lock: Option<File>,
 }
@@ -128,6 +134,32 @@ fn check_dict(size: Option<u64>, codec: Codec, where_: &str) -> Result<bool> {
     }
 }
 
+/// Parses and checks a checksum sidecar against the store's header.
+fn parse_sums(bytes: &[u8], header: &Header, name: &str) -> Result<Vec<u64>> {
+    let bad = |why: String| Error::InvalidFormat(format!("{name}/{SUMS_FILE}: {why}"));
+    if bytes.len() < SUMS_HEADER as usize || bytes[..8] != SUMS_MAGIC {
+        return Err(bad("not a loaderx checksum file".into()));
+    }
+    let count = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+    if count != header.length {
+        return Err(bad(format!(
+            "it covers {count} records, the store holds {}",
+            header.length
+        )));
+    }
+    let body = &bytes[SUMS_HEADER as usize..];
+    if (body.len() as u64) < count * 8 {
+        return Err(bad(format!(
+            "{} bytes cannot hold {count} checksums",
+            body.len()
+        )));
+    }
+    Ok(body[..count as usize * 8]
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect())
+}
+
 /// Parses the static page; checks the sizes of `meta.zr` and `data.zr`.
 fn parse_page(
     page: &[u8],
@@ -157,7 +189,12 @@ fn parse_page(
 
 impl Segment {
     /// Opens the committed local store at `dir` as `kind`.
-    pub(crate) fn open_local(dir: &Path, kind: Kind, access: DataAccess) -> Result<Segment> {
+    pub(crate) fn open_local(
+        dir: &Path,
+        kind: Kind,
+        access: DataAccess,
+        verify: bool,
+    ) -> Result<Segment> {
         let meta_path = dir.join(META_FILE);
         let meta_file = File::open(&meta_path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Error::NotFound {
@@ -205,7 +242,18 @@ impl Segment {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(Error::io(format!("inspecting {}", dict_path.display()), e)),
         };
-        let disk_bytes = meta_len + data_len + dict_size.unwrap_or(0);
+        let sums_path = dir.join(SUMS_FILE);
+        let sums_size = std::fs::metadata(&sums_path).ok().map(|m| m.len());
+        let disk_bytes = meta_len + data_len + dict_size.unwrap_or(0) + sums_size.unwrap_or(0);
+        let sums = match (verify, sums_size) {
+            (true, Some(_)) => Some(parse_sums(
+                &std::fs::read(&sums_path)
+                    .map_err(|e| Error::io(format!("reading {}", sums_path.display()), e))?,
+                &header,
+                &name,
+            )?),
+            _ => None,
+        };
         let dict = if check_dict(dict_size, header.codec, &name)? {
             Some(
                 std::fs::read(&dict_path)
@@ -246,17 +294,20 @@ impl Segment {
             dict,
             pool: 0,
             disk_bytes,
+            has_sums: sums_size.is_some(),
+            sums,
             _lock: Some(meta_file),
         })
     }
 
     /// Opens the committed store under the object-storage folder `remote`.
-    pub(crate) async fn open_remote(remote: &Remote, kind: Kind) -> Result<Segment> {
+    pub(crate) async fn open_remote(remote: &Remote, kind: Kind, verify: bool) -> Result<Segment> {
         let name = remote.url().to_string();
-        let (meta, data, dict) = futures::try_join!(
+        let (meta, data, dict, sums_info) = futures::try_join!(
             remote.head(META_FILE),
             remote.head(DATA_FILE),
-            remote.head(DICT_FILE)
+            remote.head(DICT_FILE),
+            remote.head(SUMS_FILE)
         )?;
         let Some(meta) = meta else {
             return Err(Error::NotFound {
@@ -279,7 +330,19 @@ impl Segment {
         let first = meta.size.min(PAGE_SIZE + EAGER_TABLE_BYTES);
         let (head, _) = remote.get_range(META_FILE, 0..first, Some(&meta)).await?;
         let (header, schema) = parse_page(&head, kind, meta.size, data.size, &name)?;
-        let disk_bytes = meta.size + data.size + dict.as_ref().map_or(0, |d| d.size);
+        let disk_bytes = meta.size
+            + data.size
+            + dict.as_ref().map_or(0, |d| d.size)
+            + sums_info.as_ref().map_or(0, |d| d.size);
+        let has_sums = sums_info.is_some();
+        let sums = if verify && has_sums {
+            match remote.get_all(SUMS_FILE).await? {
+                Some((bytes, _)) => Some(parse_sums(&bytes, &header, &name)?),
+                None => None,
+            }
+        } else {
+            None
+        };
         let dict = if check_dict(dict.map(|d| d.size), header.codec, &name)? {
             match remote.get_all(DICT_FILE).await? {
                 Some((bytes, _)) => Some(bytes.to_vec()),
@@ -325,6 +388,8 @@ impl Segment {
             dict,
             pool: 0,
             disk_bytes,
+            has_sums,
+            sums,
             _lock: None,
         })
     }
@@ -408,6 +473,49 @@ impl Segment {
         let loc = RecordLoc::decode(&chunk[at..at + LOC_SIZE]);
         loc.validate(label, self.header.codec, self.header.tail_offset)?;
         Ok(loc)
+    }
+
+    /// With content verification on and a sidecar present: checks decoded
+    /// record `local` (`label` for messages) against its checksum.
+    #[inline]
+    pub(crate) fn check_sum(&self, local: u64, label: u64, record: &[u8]) -> Result<()> {
+        let Some(sums) = &self.sums else {
+            return Ok(());
+        };
+        if xxh3_64(record) != sums[local as usize] {
+            return Err(Error::Corrupt(format!(
+                "record {label}: its bytes do not match the checksum in {}/{SUMS_FILE}",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether this segment's zstd frames carry checksums, read off the
+    /// header of its first record's frame (`None` for an empty or raw one).
+    pub(crate) async fn frames_checksummed(&self) -> Result<Option<bool>> {
+        if self.header.length == 0 || self.header.codec == Codec::Raw {
+            return Ok(None);
+        }
+        let loc = self.loc(0, 0)?;
+        let want = (loc.phys_length as usize).min(8);
+        let head = match &self.data {
+            Payload::Mapped { map, .. } => {
+                map[loc.offset as usize..loc.offset as usize + want].to_vec()
+            }
+            Payload::File(file) => {
+                let mut buf = vec![0u8; want];
+                io::read_exact_at(file, &mut buf, loc.offset)
+                    .map_err(|e| Error::io(format!("reading {}/{DATA_FILE}", self.name), e))?;
+                buf
+            }
+            Payload::Remote { remote, info } => remote
+                .read_range(DATA_FILE, loc.offset..loc.offset + want as u64, info)
+                .await?
+                .to_vec(),
+            Payload::Empty => return Ok(None),
+        };
+        Ok(crate::format::frame_has_checksum(&head))
     }
 
     /// Decodes the record of a validated entry of a local segment into `dst`

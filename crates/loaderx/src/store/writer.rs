@@ -23,12 +23,14 @@ use zstd::dict::EncoderDictionary;
 use crate::codec::{self, Encoder};
 use crate::error::{Error, Result};
 use crate::format::{
-    Codec, Header, RecordLoc, DATA_FILE, DICT_FILE, LOC_SIZE, META_FILE, PAGE_SIZE,
+    Codec, Header, RecordLoc, DATA_FILE, DICT_FILE, LOC_SIZE, META_FILE, PAGE_SIZE, SUMS_FILE,
+    SUMS_HEADER, SUMS_MAGIC,
 };
 use crate::io::{self, LockMode};
 use crate::pool;
 use crate::schema::Schema;
 use crate::store::geometry::RaggedRecord;
+use xxhash_rust::xxh3::xxh3_64;
 
 /// Input bytes compressed per window of an append, bounding the memory the
 /// compressed frames of one window can take.
@@ -48,6 +50,22 @@ pub struct CreateOptions {
     pub codec: Codec,
     /// The dictionary, required (non-empty) for [`Codec::ZstdDict`] and refused otherwise.
     pub dict: Option<Vec<u8>>,
+    /// Content checksums: zstd frames carry zstd's own (checked by libzstd,
+    /// ours and loaderx 2.0.0's, on every decode); raw stores get a
+    /// `sums.zr` sidecar of one XXH3-64 per record, which loaderx 2.0.0
+    /// ignores.
+    pub checksums: bool,
+}
+
+impl CreateOptions {
+    /// `codec` and `dict`, with checksums (the default).
+    pub fn new(codec: Codec, dict: Option<Vec<u8>>) -> CreateOptions {
+        CreateOptions {
+            codec,
+            dict,
+            checksums: true,
+        }
+    }
 }
 
 /// The records of one append, as the writer sees them.
@@ -103,6 +121,10 @@ pub struct StoreWriter {
     data: File,
     dict: Option<EncoderDictionary<'static>>,
     has_dict: bool,
+    /// zstd frames carry content checksums.
+    frame_checksums: bool,
+    /// The checksum sidecar of a raw store.
+    sums: Option<File>,
     length: u64,
     tail: u64,
     closed: bool,
@@ -126,7 +148,11 @@ impl StoreWriter {
     /// directory (missing parents are created).
     pub fn create(dir: impl AsRef<Path>, schema: Schema, options: CreateOptions) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
-        let CreateOptions { codec, dict } = options;
+        let CreateOptions {
+            codec,
+            dict,
+            checksums,
+        } = options;
         match (codec, &dict) {
             (Codec::ZstdDict, None) => {
                 return Err(Error::InvalidArgument(
@@ -183,8 +209,11 @@ impl StoreWriter {
                 Self::create_files(
                     &dir,
                     schema,
-                    codec,
-                    dict,
+                    CreateOptions {
+                        codec,
+                        dict,
+                        checksums,
+                    },
                     encoder_dict,
                     &schema_bytes,
                     &mut made_files,
@@ -207,12 +236,16 @@ impl StoreWriter {
     fn create_files(
         dir: &Path,
         schema: Schema,
-        codec: Codec,
-        dict: Option<Vec<u8>>,
+        options: CreateOptions,
         encoder_dict: Option<EncoderDictionary<'static>>,
         schema_bytes: &[u8],
         made: &mut Vec<PathBuf>,
     ) -> Result<Self> {
+        let CreateOptions {
+            codec,
+            dict,
+            checksums,
+        } = options;
         let mut create_new = |name: &str| {
             let path = dir.join(name);
             let file = OpenOptions::new()
@@ -257,6 +290,17 @@ impl StoreWriter {
                 .sync_all()
                 .map_err(|e| Error::io("syncing dict.zr", e))?;
         }
+        let sums = if checksums && codec == Codec::Raw {
+            let file = create_new(SUMS_FILE)?;
+            // The count stays 0 until close(): an unclosed sidecar covers nothing.
+            let mut head = [0u8; SUMS_HEADER as usize];
+            head[..8].copy_from_slice(&SUMS_MAGIC);
+            io::write_all_at(&file, &head, 0)
+                .map_err(|e| Error::io(format!("writing {}", dir.join(SUMS_FILE).display()), e))?;
+            Some(file)
+        } else {
+            None
+        };
 
         Ok(StoreWriter {
             dir: dir.to_path_buf(),
@@ -266,6 +310,8 @@ impl StoreWriter {
             data,
             has_dict: encoder_dict.is_some(),
             dict: encoder_dict,
+            frame_checksums: checksums && codec.is_compressed(),
+            sums,
             length: 0,
             tail: 0,
             closed: false,
@@ -389,6 +435,15 @@ impl StoreWriter {
         let n = data.len() / width;
         self.reserve(n, data.len() as u64)?;
         io::write_all_at(&self.data, data, self.tail).map_err(|e| self.data_err(e))?;
+        if self.sums.is_some() {
+            let hashes: Vec<u64> = pool::pool().install(|| {
+                data.par_chunks(width)
+                    .with_min_len(1024)
+                    .map(xxh3_64)
+                    .collect()
+            });
+            self.write_sums(&hashes)?;
+        }
         let base = self.tail;
         let locs: Vec<RecordLoc> = (0..n)
             .map(|i| RecordLoc {
@@ -407,11 +462,15 @@ impl StoreWriter {
         let total: u64 = (0..n).map(|i| source.len_of(i) as u64).sum();
         self.reserve(n, total)?;
         let mut locs = Vec::with_capacity(n);
+        let mut hashes = Vec::with_capacity(if self.sums.is_some() { n } else { 0 });
         let mut staging = Vec::with_capacity(STAGING_BYTES.min(total as usize));
         let mut scratch = Vec::new();
         let mut staged_at = self.tail;
         for i in 0..n {
             let bytes = source.bytes(i, &mut scratch);
+            if self.sums.is_some() {
+                hashes.push(xxh3_64(bytes));
+            }
             locs.push(RecordLoc {
                 offset: staged_at + staging.len() as u64,
                 phys_length: bytes.len() as u32,
@@ -424,6 +483,7 @@ impl StoreWriter {
                 staging.clear();
             }
         }
+        self.write_sums(&hashes)?;
         self.publish(&locs, total)
     }
 
@@ -437,6 +497,7 @@ impl StoreWriter {
         let mut locs = vec![RecordLoc::default(); n];
         let frontier = AtomicU64::new(self.tail);
         let codec = self.codec;
+        let frame_checksums = self.frame_checksums;
         let dict = self.dict.as_ref();
         let data = &self.data;
         // One encoder (and scratch) per pool thread for the whole append:
@@ -478,7 +539,7 @@ impl StoreWriter {
                         // Made lazily so a failure is reported as itself.
                         let encoder = match encoder {
                             Some(e) => e,
-                            None => encoder.insert(Encoder::new(codec, dict)?),
+                            None => encoder.insert(Encoder::new(codec, dict, frame_checksums)?),
                         };
                         block.clear();
                         for (slot, i) in out.iter_mut().zip(range) {
@@ -518,6 +579,17 @@ impl StoreWriter {
         self.publish(&locs, written)
     }
 
+    /// Writes the checksums of the records about to be published (raw
+    /// stores with a sidecar; a no-op otherwise).
+    fn write_sums(&self, hashes: &[u64]) -> Result<()> {
+        let Some(file) = &self.sums else {
+            return Ok(());
+        };
+        let bytes: Vec<u8> = hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
+        io::write_all_at(file, &bytes, SUMS_HEADER + self.length * 8)
+            .map_err(|e| Error::io(format!("writing {}", self.dir.join(SUMS_FILE).display()), e))
+    }
+
     /// Writes the table entries of a batch whose payload is on disk, then
     /// advances the in-memory length and tail.
     fn publish(&mut self, locs: &[RecordLoc], payload_bytes: u64) -> Result<()> {
@@ -543,6 +615,14 @@ impl StoreWriter {
     pub fn close(&mut self, durable: bool) -> Result<()> {
         if self.closed {
             return Ok(());
+        }
+        if let Some(sums) = &self.sums {
+            io::write_all_at(sums, &self.length.to_le_bytes(), 8)
+                .map_err(|e| Error::io(format!("writing {SUMS_FILE}"), e))?;
+            if durable {
+                sums.sync_all()
+                    .map_err(|e| Error::io(format!("syncing {SUMS_FILE}"), e))?;
+            }
         }
         if durable {
             self.data
