@@ -5,13 +5,12 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import pickle
-import queue
 import time
-import traceback
 
 import numpy as np
 import pytest
 
+from _ranks import run_ranks
 from loaderx import _native, tools
 from loaderx.dataloader import DataLoader
 from loaderx.zrecord import Dense, Ragged, ZrecordError
@@ -339,41 +338,21 @@ def test_http_urls_read_stores(s3_server, s3_bucket):
         Dense.open(f"{s3_server.http_base(s3_bucket)}/absent")
 
 
-def _rank(url, opts, shard_index, shard_count, start_step, steps, out):
-    """spawn child: this rank's record ids per step, and the bytes its
-    gathers fetched (the store is opened first, so its metadata is excluded)."""
-    try:
-        ds = Dense.open(url, storage_options=opts)
-        opened = _native.remote_stats()[1]
-        loader = DataLoader({"x": ds}, batch_size=12, mode=Sampler.Mode.CYCLIC, seed=11,
-                            start_step=start_step, shard_index=shard_index,
-                            shard_count=shard_count, prefetch_size=1, transform=None)
-        ids = [b["x"][:, 0].astype(np.int64).tolist() for b in itertools.islice(loader, steps)]
-        loader.close()
-        out.put(("ok", shard_index, ids, _native.remote_stats()[1] - opened))
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        out.put(("error", shard_index, traceback.format_exc(), 0))
+def _rank(url, opts, shard_index, shard_count, start_step, steps):
+    """A rank's record ids per step, and the bytes its gathers fetched (the
+    store is opened first, so its metadata is excluded)."""
+    ds = Dense.open(url, storage_options=opts)
+    opened = _native.remote_stats()[1]
+    loader = DataLoader({"x": ds}, batch_size=12, mode=Sampler.Mode.CYCLIC, seed=11,
+                        start_step=start_step, shard_index=shard_index,
+                        shard_count=shard_count, prefetch_size=1, transform=None)
+    ids = [b["x"][:, 0].astype(np.int64).tolist() for b in itertools.islice(loader, steps)]
+    loader.close()
+    return ids, _native.remote_stats()[1] - opened
 
 
 def _ranks(url, opts, count, start_step, steps):
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(url, opts, r, count, start_step, steps, out),
-                         daemon=True) for r in range(count)]
-    for p in procs:
-        p.start()
-    try:
-        results = [out.get(timeout=120) for _ in procs]
-    except queue.Empty:
-        pytest.fail(f"ranks did not answer (exit codes {[p.exitcode for p in procs]})")
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-    errors = [r[2] for r in results if r[0] == "error"]
-    assert not errors, "\n".join(errors)
-    return {r[1]: (r[2], r[3]) for r in results}
+    return run_ranks(_rank, [(url, opts, r, count, start_step, steps) for r in range(count)])
 
 
 def test_ranks_read_disjoint_slices_of_a_remote_set_and_resume_on_another_count(

@@ -101,6 +101,7 @@ _NUMERIC = "biuf"  # numpy kinds a column may hold: bool, int, uint, float
 
 
 def _join(root: str, name: str) -> str:
+    """``root/name`` for local paths and URLs alike."""
     return f"{root.rstrip('/')}/{name}"
 
 
@@ -162,6 +163,7 @@ def _rows(batch: np.ndarray) -> list[np.ndarray]:
 
 
 def _nbytes(values: Values) -> int:
+    """Decoded bytes of a Dense batch or of Ragged rows."""
     return values.nbytes if isinstance(values, np.ndarray) else sum(r.nbytes for r in values)
 
 
@@ -247,6 +249,7 @@ class ZrecordDatasink(Datasink):
         return {"task": ctx.task_idx, "rows": rows, "columns": written}
 
     def _pick(self, have: list[str]) -> list[str]:
+        """The columns to write, given the first block's columns."""
         if self._columns is None:
             return [_check_column(c) for c in have]
         missing = [c for c in self._columns if c not in have]
@@ -385,6 +388,7 @@ def write_zrecord(
 # --------------------------------------------------------------------------
 
 def _is_store(path: pathlib.Path) -> bool:
+    """Whether a local folder holds a store set (manifest) or a plain store."""
     return (path / "manifest.json").is_file() or (path / "meta.zr").is_file()
 
 
@@ -498,6 +502,7 @@ class ZrecordDatasource(Datasource):
         self._block_rows = int(block_rows or max(1, BLOCK_BYTES // max(1, self._row_bytes)))
 
     def estimate_inmemory_data_size(self) -> int | None:
+        """Decoded bytes of all rows (Ragged columns: from a sample)."""
         return self._rows * self._row_bytes
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
