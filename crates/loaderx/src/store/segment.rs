@@ -93,8 +93,6 @@ pub(crate) struct Segment {
     pub(crate) has_sums: bool,
     /// The sidecar's checksums, loaded when the reader verifies content.
     sums: Option<Vec<u64>>,
-    // Local stores: holds the shared lock for the reader's lifetime.
-    _lock: Option<File>,
 }
 
 fn map_file(file: &File, path: &Path) -> Result<Option<Mmap>> {
@@ -263,12 +261,9 @@ impl Segment {
             None
         };
 
-        let table_file = meta_file
-            .try_clone()
-            .map_err(|e| Error::io(format!("opening {}", meta_path.display()), e))?;
         let table = Table::new(
             TableSource::Local {
-                file: table_file,
+                file: meta_file,
                 path: meta_path,
             },
             LOCAL_TABLE_CHUNK,
@@ -296,7 +291,6 @@ impl Segment {
             disk_bytes,
             has_sums: sums_size.is_some(),
             sums,
-            _lock: Some(meta_file),
         })
     }
 
@@ -390,7 +384,6 @@ impl Segment {
             disk_bytes,
             has_sums,
             sums,
-            _lock: None,
         })
     }
 
