@@ -436,6 +436,9 @@ class _Pipeline:
             self.closed = True
             self.done.clear()
             self.cond.notify_all()
+            # Idle workers first: they stop at once (none starts a transform
+            # once closed is set), so a busy one cannot use up their grace.
+            workers = sorted(self.threads, key=lambda t: t in self.busy)
         # Wakes workers waiting in core.next() (they get None) and stops the
         # native threads from claiming more steps; never blocks.
         self.core.request_close()
@@ -447,7 +450,7 @@ class _Pipeline:
             # close() joins what is left.
             return
         deadline = None if grace is None else time.monotonic() + grace
-        for t in [*self.threads, self.reaper]:
+        for t in [*workers, self.reaper]:
             if t is None or t is me:
                 continue
             if deadline is None:

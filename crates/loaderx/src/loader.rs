@@ -276,11 +276,14 @@ impl Shared {
     fn produce(&self, step: u64, global: &mut [u64]) -> Result<Batch> {
         self.sampler.fill(step, global);
         let indices = global[self.shard.clone()].to_vec();
-        let columns = self
-            .sources
-            .iter()
-            .map(|s| s.gather(&indices))
-            .collect::<Result<Vec<_>>>()?;
+        let mut columns = Vec::with_capacity(self.sources.len());
+        for source in &self.sources {
+            // A closed loader's step is never delivered: stop between sources.
+            if self.lock().closed {
+                return Err(Error::State("the loader was closed".into()));
+            }
+            columns.push(source.gather(&indices)?);
+        }
         Ok(Batch {
             step,
             indices,
@@ -557,8 +560,12 @@ impl Iterator for Loader {
 }
 
 impl Drop for Loader {
+    /// Stops the loader without waiting: a producer still inside a gather
+    /// finishes it on its own (it holds what it gathers from) and exits.
+    /// Waiting here would block whoever dropped the last handle, a Python
+    /// thread holding the GIL, say; call [`Loader::close`] to wait.
     fn drop(&mut self) {
-        self.close();
+        self.request_close();
     }
 }
 
@@ -930,5 +937,65 @@ mod tests {
             l.next_timeout(Duration::from_secs(5)),
             Next::Closed
         ));
+    }
+
+    /// A source whose gathers take `delay`, counting those that finish.
+    struct Slow {
+        delay: Duration,
+        started: AtomicUsize,
+        finished: AtomicUsize,
+    }
+
+    impl Source for Slow {
+        fn len(&self) -> u64 {
+            100
+        }
+        fn gather(&self, indices: &[u64]) -> Result<Column> {
+            self.started.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(self.delay);
+            self.finished.fetch_add(1, Ordering::SeqCst);
+            counting(100).gather(indices)
+        }
+    }
+
+    #[test]
+    fn dropping_a_loader_does_not_wait_for_gathers_and_close_does() {
+        let slow = Arc::new(Slow {
+            delay: Duration::from_millis(600),
+            started: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+        });
+        let source: Arc<dyn Source> = slow.clone();
+        // The second source is never reached once the first one's gather
+        // ends after the drop: closed loaders stop between sources.
+        let (second, second_dyn) = observed(100);
+        let config = LoaderConfig {
+            batch_size: 4,
+            producers: 1,
+            prefetch: 1,
+            ..LoaderConfig::default()
+        };
+        let loader = Loader::new(vec![source.clone(), second_dyn], config.clone()).unwrap();
+        while slow.started.load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let t0 = Instant::now();
+        drop(loader);
+        assert!(
+            t0.elapsed() < Duration::from_millis(200),
+            "{:?}",
+            t0.elapsed()
+        );
+        settles_at(&slow.finished, 1);
+        assert_eq!(second.calls.load(Ordering::SeqCst), 0);
+        assert_eq!(slow.started.load(Ordering::SeqCst), 1);
+
+        // close() is the call that waits for the gather in flight.
+        let loader = Loader::new(vec![source], config).unwrap();
+        while slow.started.load(Ordering::SeqCst) == 1 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        loader.close();
+        assert_eq!(slow.finished.load(Ordering::SeqCst), 2);
     }
 }
