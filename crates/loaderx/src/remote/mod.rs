@@ -68,7 +68,7 @@ pub struct Tuning {
 impl Default for Tuning {
     fn default() -> Self {
         Tuning {
-            max_in_flight: 32,
+            max_in_flight: 128,
             coalesce_bytes: 1 << 20,
             max_request_bytes: 16 << 20,
             max_retries: 4,
