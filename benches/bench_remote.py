@@ -54,7 +54,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 GENERATOR_VERSION = 1  # bump when the data changes, to invalidate cached sources
 MiB = 2 ** 20
-DEFAULT_MAX_IN_FLIGHT = 32  # storage option max_in_flight when not given
+DEFAULT_MAX_IN_FLIGHT = 128  # the engine's default max_in_flight (remote::Tuning::default)
 WORKLOADS = {
     "vision": dict(title="Dense vision: uint8 (3, 224, 224)", dtype="uint8", item=(3, 224, 224),
                    codecs=("zstd",), full=(2500, 50, 5), quick=(600, 8, 2)),
