@@ -155,3 +155,99 @@ pub(crate) fn ensure_file_room(more: usize) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(unix)]
+mod bus_guard {
+    use std::ffi::{c_int, c_void};
+
+    extern "C" {
+        // src/guard.c, compiled by build.rs.
+        pub fn loaderx_install_bus_guard() -> c_int;
+        pub fn loaderx_guarded_copy(dst: *mut c_void, src: *const c_void, n: usize) -> c_int;
+    }
+
+    pub static INSTALLED: std::sync::Once = std::sync::Once::new();
+}
+
+/// Copies `src`, bytes of a memory-mapped file, into `dst` (same length). A
+/// fault while reading the map — the file cut short by another process, or
+/// an I/O error on its device — is an `UnexpectedEof` error rather than a
+/// `SIGBUS` that ends the process.
+pub(crate) fn copy_from_map(dst: &mut [u8], src: &[u8]) -> io::Result<()> {
+    debug_assert_eq!(dst.len(), src.len());
+    #[cfg(unix)]
+    {
+        bus_guard::INSTALLED.call_once(|| {
+            // SAFETY: installs a process-wide SIGBUS handler that only jumps
+            // for faults inside loaderx_guarded_copy and passes every other
+            // SIGBUS on to the handler found before it (or the default).
+            unsafe { bus_guard::loaderx_install_bus_guard() };
+        });
+        // SAFETY: `dst` and `src` are valid for `src.len()` bytes and do not
+        // overlap (one is caller memory, the other a read-only map); a
+        // fault while reading `src` returns -1 from the copy instead of
+        // unwinding any Rust frame (only memcpy's C frame is left).
+        let rc = unsafe {
+            bus_guard::loaderx_guarded_copy(
+                dst.as_mut_ptr().cast(),
+                src.as_ptr().cast(),
+                src.len().min(dst.len()),
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the mapped file faulted (SIGBUS): it was cut short or could not be read",
+            ));
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    {
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_from_a_map_cut_short_is_an_error_not_a_signal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![7u8; 64 << 10]).unwrap();
+        let file = File::open(&path).unwrap();
+        // SAFETY: a private test file; the test cuts it short on purpose.
+        let map = unsafe { memmap2::Mmap::map(&file).unwrap() };
+        let mut out = vec![0u8; 4096];
+        copy_from_map(&mut out, &map[8192..12288]).unwrap();
+        assert_eq!(out, vec![7u8; 4096]);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(4096)
+            .unwrap();
+        // The pages past the new end are gone: touching them raises SIGBUS,
+        // which the guard turns into an error (twice: it re-arms).
+        for _ in 0..2 {
+            let err = copy_from_map(&mut out, &map[8192..12288]).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        }
+        copy_from_map(&mut out, &map[..4096]).unwrap();
+        // Other threads are guarded independently.
+        let map = std::sync::Arc::new(map);
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let map = map.clone();
+                std::thread::spawn(move || {
+                    let mut out = vec![0u8; 4096];
+                    copy_from_map(&mut out, &map[16384..20480]).is_err()
+                })
+            })
+            .collect();
+        assert!(threads.into_iter().all(|t| t.join().unwrap()));
+    }
+}

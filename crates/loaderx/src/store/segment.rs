@@ -10,9 +10,10 @@
 //! table at open; larger tables arrive in chunks fetched in bulk.
 //!
 //! `data.zr` is read by `pread` or through a read-only map (see
-//! [`DataAccess`]). A mapped file's length is checked before every gather
-//! ([`Segment::check_payload`]), so a file shortened before a gather is an
-//! error rather than a fault.
+//! [`DataAccess`]). Bytes leave a map only through a SIGBUS-safe copy, so a
+//! file cut short (or a failing device) under a mapped reader is an error,
+//! never a fault; its length is also checked before every gather
+//! ([`Segment::check_payload`]) for a clearer message.
 
 use std::fs::File;
 use std::path::Path;
@@ -402,8 +403,8 @@ impl Segment {
 
     /// For a mapped `data.zr`: checks that the file still holds the
     /// committed payload, so a file shortened under the reader fails the
-    /// gather instead of faulting in it. (A truncation racing with the
-    /// copy itself can still fault: `DataAccess::Read` never does.)
+    /// gather up front with a clear message. (One cut short during the gather
+    /// is caught by the SIGBUS-safe copy, `io::copy_from_map`.)
     pub(crate) fn check_payload(&self) -> Result<()> {
         let Payload::Mapped { file, .. } = &self.data else {
             return Ok(());
@@ -525,8 +526,24 @@ impl Segment {
         let len = loc.phys_length as usize;
         match &self.data {
             Payload::Mapped { map, .. } => {
-                let start = start as usize;
-                dec.decode_into(label, &map[start..start + len], dst)
+                // Every byte leaves the map through the SIGBUS-safe copy: a
+                // file cut short mid-gather is an error, never a signal.
+                let frame = &map[start as usize..start as usize + len];
+                let copy = |to: &mut [u8]| {
+                    io::copy_from_map(to, frame).map_err(|e| {
+                        Error::io(
+                            format!("reading record {label} from {}/{DATA_FILE}", self.name),
+                            e,
+                        )
+                    })
+                };
+                if self.header.codec == Codec::Raw && len == dst.len() {
+                    copy(dst)
+                } else {
+                    dec.staging.resize(len, 0);
+                    copy(&mut dec.staging)?;
+                    dec.decode_staged(label, dst)
+                }
             }
             Payload::File(file) => {
                 let read = |buf: &mut [u8]| {
