@@ -491,6 +491,8 @@ impl Segment {
         if self.header.length == 0 || self.header.codec == Codec::Raw {
             return Ok(None);
         }
+        // Inside async code a lone lookup must not block: fetch first.
+        self.fetch_table(std::iter::once(0)).await?;
         let loc = self.loc(0, 0)?;
         let want = (loc.phys_length as usize).min(8);
         let head = match &self.data {
