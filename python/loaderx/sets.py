@@ -36,6 +36,7 @@ from loaderx.zrecord import (
     StorageOptions,
     _check_codec,
     _check_dtype,
+    _stored_dtype,
     _check_item_shape,
     _storage_options,
 )
@@ -122,7 +123,7 @@ def commit(
     if not entries:
         raise ValueError("a set needs at least one shard")
     text = _native.commit_set(
-        str(root), "ragged" if shape is None else "dense", dt.str, shape, codec, entries,
+        str(root), "ragged" if shape is None else "dense", _stored_dtype(dt), shape, codec, entries,
         _storage_options(storage_options),
     )
     manifest: dict[str, Any] = json.loads(text)

@@ -23,7 +23,7 @@ import numpy as np
 from loaderx import _native
 from loaderx._errors import ZrecordError
 
-__all__ = ["Dense", "Ragged", "ZrecordError", "DICT_TIERS", "CODECS"]
+__all__ = ["Dense", "Ragged", "ZrecordError", "DICT_TIERS", "CODECS", "ML_DTYPES"]
 
 #: Dictionary tiers for ``zstd_dict``: dictionary size and training sample
 #: budget, both in bytes.
@@ -44,8 +44,54 @@ Index = Union[int, slice, Sequence[int], np.ndarray]
 _S = TypeVar("_S", bound="_Store")
 
 
+#: Types of the optional ``ml-dtypes`` package a store can hold, stored by
+#: name (NumPy would print most as opaque ``V`` types). Reading or writing
+#: them imports ``ml_dtypes``, which registers the names with NumPy.
+ML_DTYPES = frozenset({
+    "bfloat16", "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn",
+    "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float6_e2m3fn",
+    "float6_e3m2fn", "float4_e2m1fn", "int2", "int4", "uint2", "uint4",
+})
+
+
+def _is_ml_dtype(dt: np.dtype) -> bool:
+    return getattr(dt.type, "__module__", "") == "ml_dtypes" and dt.name in ML_DTYPES
+
+
+def _ml_dtype(name: str) -> np.dtype:
+    """The ml-dtypes type ``name``, importing the package (a clear error
+    naming it when it is missing)."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ImportError(
+            f"{name} records need the ml-dtypes package: pip install ml-dtypes "
+            "(or pip install 'loaderx[ml-dtypes]')"
+        ) from None
+    return np.dtype(getattr(ml_dtypes, name))
+
+
+def _stored_dtype(dt: np.dtype) -> str:
+    """The dtype string a store records for ``dt``: the name of an
+    ml-dtypes type, else NumPy's ``dtype.str`` (loaderx 2.0.0's form),
+    provided it reads back as the same dtype."""
+    if _is_ml_dtype(dt):
+        return str(dt.name)
+    stored = dt.str
+    try:
+        back = np.dtype(stored)
+    except TypeError:
+        back = None
+    if back != dt:
+        raise ValueError(
+            f"dtype {dt!r} cannot be stored: it would be recorded as {stored!r}, which "
+            f"reads back as {'nothing NumPy knows' if back is None else repr(back)}"
+        )
+    return stored
+
+
 def _check_dtype(dtype: Any) -> np.dtype:
-    dt = np.dtype(dtype)
+    dt = _ml_dtype(dtype) if isinstance(dtype, str) and dtype in ML_DTYPES else np.dtype(dtype)
     if dt.fields is not None:
         raise ValueError(f"structured dtypes are not supported: {dt}")
     if dt.subdtype is not None:
@@ -56,6 +102,7 @@ def _check_dtype(dtype: Any) -> np.dtype:
         raise ValueError(f"dtypes carrying metadata are not supported: {dt!r}")
     if dt.itemsize == 0:
         raise ValueError(f"dtype {dt} has no size; give one, e.g. 'S8' or 'U4'")
+    _stored_dtype(dt)  # refused now, before anything is written, if it would not read back
     return dt
 
 
@@ -260,7 +307,8 @@ class _Store:
         self._reader = None
         self._storage_options = options
         self._writer = _native.WriterHandle.create(
-            text, cls._kind, dtype.str, item_shape, codec, dict_bytes, records, nbytes, options,
+            text, cls._kind, _stored_dtype(dtype), item_shape, codec, dict_bytes, records, nbytes,
+            options,
             checksums,
         )
         self._has_dict = dict_bytes is not None
@@ -304,6 +352,9 @@ class _Store:
         except (TypeError, ValueError) as e:
             handle.close()
             raise ZrecordError(f"{shown}: stored dtype {handle.dtype!r} is not usable: {e}", -8) from None
+        except ImportError:
+            handle.close()
+            raise
         self._codec = handle.codec
         self._has_dict = handle.has_dict()
         self._writer = None

@@ -29,8 +29,16 @@ impl DType {
     /// assert_eq!(DType::parse("<U5").unwrap().itemsize(), 20);
     /// assert_eq!(DType::parse("<M8[ns]").unwrap().itemsize(), 8);
     /// assert!(DType::parse("|O").is_err());
+    /// // ml-dtypes types are stored by name.
+    /// assert_eq!(DType::parse("bfloat16").unwrap().itemsize(), 2);
     /// ```
     pub fn parse(descr: &str) -> Result<DType> {
+        if let Some(itemsize) = ml_dtype_itemsize(descr) {
+            return Ok(DType {
+                descr: descr.to_owned(),
+                itemsize,
+            });
+        }
         let bad = |why: &str| Error::InvalidArgument(format!("unsupported dtype {descr:?}: {why}"));
         let bytes = descr.as_bytes();
         if bytes.len() < 2 {
@@ -82,6 +90,36 @@ impl DType {
     pub fn itemsize(&self) -> u64 {
         self.itemsize
     }
+}
+
+/// Machine-learning types of the `ml-dtypes` package, stored by name: NumPy
+/// prints them as opaque void types (`"<V2"`) or, for `float8_e5m2`, as a
+/// string it cannot parse back (`"<f1"`). Little-endian, like the format.
+pub const ML_DTYPES: [(&str, u64); 16] = [
+    ("bfloat16", 2),
+    ("float8_e3m4", 1),
+    ("float8_e4m3", 1),
+    ("float8_e4m3b11fnuz", 1),
+    ("float8_e4m3fn", 1),
+    ("float8_e4m3fnuz", 1),
+    ("float8_e5m2", 1),
+    ("float8_e5m2fnuz", 1),
+    ("float8_e8m0fnu", 1),
+    ("float6_e2m3fn", 1),
+    ("float6_e3m2fn", 1),
+    ("float4_e2m1fn", 1),
+    ("int2", 1),
+    ("int4", 1),
+    ("uint2", 1),
+    ("uint4", 1),
+];
+
+/// The item size of the ml-dtypes type named `name`, if it is one.
+fn ml_dtype_itemsize(name: &str) -> Option<u64> {
+    ML_DTYPES
+        .iter()
+        .find(|(known, _)| *known == name)
+        .map(|&(_, size)| size)
 }
 
 /// The schema of a store, which also selects its geometry.
