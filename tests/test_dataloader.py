@@ -694,9 +694,51 @@ def test_shards_when_the_batch_exceeds_the_store(make):
         assert sum((p[k] for p in parts), []) == glob[k]
 
 
-def test_distributed_shard_without_a_framework():
+_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")
+
+
+@pytest.fixture
+def no_launcher(monkeypatch):
+    for var in _LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def test_distributed_shard_without_a_framework(no_launcher):
     # neither torch.distributed nor a multi-process JAX is initialised here
     assert distributed_shard() == (0, 1)
+
+
+def test_distributed_shard_reads_the_launchers_environment(no_launcher):
+    """Called before init_process_group, every rank still gets its own slice."""
+    no_launcher.setenv("RANK", "2")
+    no_launcher.setenv("WORLD_SIZE", "4")
+    assert distributed_shard() == (2, 4)
+    no_launcher.delenv("RANK")
+    no_launcher.delenv("WORLD_SIZE")
+    no_launcher.setenv("SLURM_PROCID", "1")
+    no_launcher.setenv("SLURM_NTASKS", "3")
+    assert distributed_shard() == (1, 3)
+    no_launcher.setenv("SLURM_PROCID", "3")
+    with pytest.raises(ValueError, match="SLURM_PROCID=3 is not a rank of SLURM_NTASKS=3"):
+        distributed_shard()
+    no_launcher.setenv("SLURM_PROCID", "x")
+    with pytest.raises(ValueError, match="must be integers"):
+        distributed_shard()
+
+
+def test_distributed_shard_warns_when_framework_and_launcher_disagree(no_launcher):
+    import sys
+    import types
+
+    dist = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True,
+                                 get_rank=lambda: 1, get_world_size=lambda: 2)
+    no_launcher.setitem(sys.modules, "torch", types.SimpleNamespace(distributed=dist))
+    assert distributed_shard() == (1, 2)  # agreement, or no environment: no warning
+    no_launcher.setenv("RANK", "1")
+    no_launcher.setenv("WORLD_SIZE", "8")
+    with pytest.warns(RuntimeWarning, match="rank 1 of 2, but RANK/WORLD_SIZE say rank 1 of 8"):
+        assert distributed_shard() == (1, 2)
 
 
 def _shard_worker(paths, shard_index, shard_count, steps, out):
