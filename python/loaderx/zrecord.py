@@ -217,9 +217,22 @@ def _slice_indices(key: slice, n: int) -> np.ndarray:
 
 
 def _index_array(key: Any, n: int) -> np.ndarray:
-    """Normalises a record-set key to a 1-D int64 array (range checks are native)."""
+    """Normalises a record-set key to a 1-D int64 array (range checks are native).
+
+    Takes what loaderx 2.0.0 takes: slices, ranges, lists and tuples, NumPy
+    arrays and array-likes (pandas ``Series``/``Index``, anything with
+    ``__array__``); an int is a set of one (``__getitems__``), a 0-d array a
+    batch of one, an empty key of any dtype selects nothing, and a
+    multi-dimensional index array selects its entries in C order.
+    """
     if isinstance(key, slice):
         return _slice_indices(key, n)
+    if isinstance(key, range):
+        return np.arange(key.start, key.stop, key.step, dtype=np.int64)
+    if isinstance(key, (bool, np.bool_)):
+        raise TypeError("a bool is not a record index")
+    if isinstance(key, (int, np.integer)):
+        return np.array([int(key)], dtype=np.int64)
     if isinstance(key, (list, tuple)):
         if len(key) == 0:
             return np.empty(0, dtype=np.int64)
@@ -229,11 +242,15 @@ def _index_array(key: Any, n: int) -> np.ndarray:
         arr = np.asarray(key)
     elif isinstance(key, np.ndarray):
         arr = key
+    elif hasattr(key, "__array__") and not isinstance(key, (str, bytes)):
+        arr = np.asarray(key)
     else:
         raise TypeError(
-            "records are selected by an int, a slice, a list or tuple of ints, an integer "
-            f"array or a boolean mask, not {type(key).__name__}"
+            "records are selected by an int, a slice, a range, a list or tuple of ints, an "
+            f"integer array or array-like, or a boolean mask, not {type(key).__name__}"
         )
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int64)
     if arr.dtype == np.bool_:
         if arr.ndim != 1 or arr.shape[0] != n:
             raise IndexError(
@@ -242,9 +259,8 @@ def _index_array(key: Any, n: int) -> np.ndarray:
         return np.flatnonzero(arr)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"record indices must be integers, got dtype {arr.dtype}")
-    if arr.ndim != 1:
-        raise IndexError(f"record index arrays must be 1-D, got shape {arr.shape}")
-    if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= n:
+    arr = arr.reshape(-1)
+    if arr.dtype.kind == "u" and int(arr.max()) >= n:
         raise IndexError(f"index {int(arr.max())} is out of range for a store of {n} records")
     return np.ascontiguousarray(arr, dtype=np.int64)
 
@@ -255,12 +271,8 @@ def _scalar_index(key: Any) -> int | None:
         raise TypeError("a bool is not a record index")
     if isinstance(key, (int, np.integer)):
         return int(key)
-    if isinstance(key, np.ndarray) and key.ndim == 0:
-        if key.dtype == np.bool_:
-            raise TypeError("a bool is not a record index")
-        if key.dtype.kind not in "iu":
-            raise TypeError(f"record indices must be integers, got dtype {key.dtype}")
-        return int(key)
+    # A 0-d array is a record-set key, as in loaderx 2.0.0: an integer one
+    # selects a batch of one, a boolean one is a mask of the wrong shape.
     if isinstance(key, (float, str, bytes)) or key is None:
         raise TypeError(f"record indices must be integers, got {key!r}")
     return None
