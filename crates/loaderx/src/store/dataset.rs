@@ -175,9 +175,11 @@ fn write_local_manifest(root: &Path, manifest: &Manifest, durable: bool) -> Resu
 }
 
 /// Writes the manifest of a set whose shards `shards` are committed under
-/// `location` (local or remote), after checking each shard opens and
-/// matches its entry. This is the last step of a distributed build, where
-/// independent tasks wrote the shards (see [`write_shard`]).
+/// `location` (local or remote), then opens the set as a reader would and
+/// removes the manifest again if any shard is missing or disagrees with its
+/// entry (such a set never opens: readers make the same checks). This is the
+/// last step of a distributed build, where independent tasks wrote the
+/// shards (see [`write_shard`]).
 pub fn commit_set(
     location: &str,
     schema: &Schema,
