@@ -112,8 +112,10 @@ def commit(
 ) -> dict[str, Any]:
     """Publishes the set at ``root`` made of ``shards`` (entries from
     :func:`write_shard`, in the record order wanted) and returns its
-    manifest. Every shard is opened and checked against its entry first; a
-    set that would not open is not published."""
+    manifest. Right after the manifest is written the set is opened as a
+    reader would open it, and the manifest is removed again if a shard is
+    missing or disagrees with its entry: a set that would not open is never
+    left published."""
     dt = _check_dtype(dtype)
     shape = None if item_shape is None else list(_check_item_shape(item_shape, dt))
     _check_codec(codec, b"x" if codec == "zstd_dict" else None)
