@@ -52,6 +52,20 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# Process-tree walking and interpreter probes are bench_loader's (stdlib and
+# numpy only, so this file's workers can load it under any interpreter).
+_bench_loader = _load("_bench_loader_for_remote", HERE / "bench_loader.py")
+tree_pids = _bench_loader.tree_pids
+probe = _bench_loader.probe
 GENERATOR_VERSION = 1  # bump when the data changes, to invalidate cached sources
 MiB = 2 ** 20
 DEFAULT_MAX_IN_FLIGHT = 128  # the engine's default max_in_flight (remote::Tuning::default)
@@ -99,23 +113,6 @@ def check_batch(x: np.ndarray, spec: dict, src: np.ndarray | None) -> np.ndarray
 
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def tree_pids(root: int) -> list[int]:
-    """``root`` and all its descendants, via /proc/<pid>/task/*/children."""
-    out, stack, seen = [], [root], set()
-    while stack:
-        pid = stack.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        out.append(pid)
-        for f in Path(f"/proc/{pid}/task").glob("*/children"):
-            try:
-                stack.extend(int(x) for x in f.read_text().split())
-            except (OSError, ValueError):
-                pass
-    return out
 
 
 def tree_cpu(root: int) -> float:
@@ -360,13 +357,6 @@ def _terminate(signum, _frame):
 # =========================================================================== helpers (driver)
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 _MOSAIC_SHM = re.compile(r"^\d+_(barrier|cache_usage|locals|next_epoch|shard_access_times|shard_states|"
                          r"filelock|epoch_shape|epoch_sample_ids|.*)$")
 
@@ -442,18 +432,6 @@ def _run_worker(python: str, spec_path: Path, timeout: float, env: dict) -> dict
     return result
 
 
-def probe(python: str, code: str, timeout: float = 300) -> tuple[bool, str]:
-    try:
-        proc = subprocess.run([python, "-I", "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, timeout=timeout, cwd="/")
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"{type(exc).__name__}: {exc}"
-    if proc.returncode != 0:
-        tail = [x for x in proc.stderr.strip().splitlines() if x.strip()]
-        return False, (tail[-1] if tail else f"exit status {proc.returncode}")[:300]
-    return True, proc.stdout.strip()
-
-
 def ensure_mosaic_venv(args) -> str | None:
     """None when the mosaic venv is usable, else the reason it is not."""
     py = args.mosaic_python
@@ -469,7 +447,8 @@ def ensure_mosaic_venv(args) -> str | None:
                            check=True)
         except (OSError, subprocess.CalledProcessError) as exc:
             return f"installing mosaicml-streaming failed: {exc}"
-    ok, out = probe(str(py), "import streaming, torch, numpy; print(streaming.__version__, torch.__version__)")
+    ok, out = probe(str(py), "import streaming, torch, numpy; print(streaming.__version__, torch.__version__)",
+                    timeout=300)
     return None if ok else f"{py} cannot import streaming/torch: {out}"
 
 
@@ -681,7 +660,8 @@ def run(args, names, codecs, backends, latencies, extra_opts, max_in_flight) -> 
     t_run = time.perf_counter()
 
     impl = {}
-    ok, out = probe(sys.executable, "import loaderx, numpy; print(loaderx.__version__, loaderx.__file__)")
+    ok, out = probe(sys.executable, "import loaderx, numpy; print(loaderx.__version__, loaderx.__file__)",
+                    timeout=300)
     if not ok:
         log(f"ours: cannot import loaderx: {out}")
         return 2
@@ -692,7 +672,7 @@ def run(args, names, codecs, backends, latencies, extra_opts, max_in_flight) -> 
         if mosaic_reason is None:
             ok, out = probe(str(args.mosaic_python),
                             "import streaming, torch, numpy, boto3; print(streaming.__version__, torch.__version__, "
-                            "numpy.__version__, boto3.__version__)")
+                            "numpy.__version__, boto3.__version__)", timeout=300)
             sv, tv, nv, bv = out.split()
             impl["mosaic"] = (f"mosaicml-streaming {sv}, torch {tv}, numpy {nv}, boto3 {bv} ({args.mosaic_python}); "
                               f"{args.mosaic_workers} DataLoader workers")
@@ -900,7 +880,7 @@ def run(args, names, codecs, backends, latencies, extra_opts, max_in_flight) -> 
                                    env=mosaic_env(endpoint or server.endpoint), warm=m["local"] if endpoint is None else None)
                     plan.append(row)
 
-    warm = _load("_bench_loader_for_remote", HERE / "bench_loader.py").warm_files
+    warm = _bench_loader.warm_files
     runs = {}
     for rnd in range(args.rounds):
         k = rnd % len(plan)
