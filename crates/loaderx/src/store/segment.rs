@@ -526,51 +526,40 @@ impl Segment {
     ) -> Result<()> {
         let start = loc.offset;
         let len = loc.phys_length as usize;
-        match &self.data {
-            Payload::Mapped { map, .. } => {
-                // Every byte leaves the map through the SIGBUS-safe copy: a
-                // file cut short mid-gather is an error, never a signal.
-                let frame = &map[start as usize..start as usize + len];
-                let copy = |to: &mut [u8]| {
-                    io::copy_from_map(to, frame).map_err(|e| {
-                        Error::io(
-                            format!("reading record {label} from {}/{DATA_FILE}", self.name),
-                            e,
-                        )
-                    })
-                };
-                if self.header.codec == Codec::Raw && len == dst.len() {
-                    copy(dst)
-                } else {
-                    dec.staging.resize(len, 0);
-                    copy(&mut dec.staging)?;
-                    dec.decode_staged(label, dst)
+        // Fills a buffer with the record's stored bytes. Every byte leaves a
+        // map through the SIGBUS-safe copy: a file cut short mid-gather is an
+        // error, never a signal.
+        let fill = |buf: &mut [u8]| {
+            let done = match &self.data {
+                Payload::Mapped { map, .. } => {
+                    io::copy_from_map(buf, &map[start as usize..start as usize + len])
                 }
-            }
-            Payload::File(file) => {
-                let read = |buf: &mut [u8]| {
-                    io::read_exact_at(file, buf, start).map_err(|e| {
-                        Error::io(
-                            format!("reading record {label} from {}/{DATA_FILE}", self.name),
-                            e,
-                        )
-                    })
-                };
-                if self.header.codec == Codec::Raw && len == dst.len() {
-                    // Raw records land in place: one read, no copy.
-                    read(dst)
-                } else {
-                    dec.staging.resize(len, 0);
-                    read(&mut dec.staging)?;
-                    dec.decode_staged(label, dst)
+                Payload::File(file) => io::read_exact_at(file, buf, start),
+                Payload::Remote { .. } => {
+                    return Err(Error::State(
+                        "internal error: a remote record was read as a local one".into(),
+                    ))
                 }
-            }
-            Payload::Remote { .. } => Err(Error::State(
-                "internal error: a remote record was read as a local one".into(),
-            )),
-            Payload::Empty => Err(Error::InvalidFormat(format!(
-                "record {label}: the store has no payload"
-            ))),
+                Payload::Empty => {
+                    return Err(Error::InvalidFormat(format!(
+                        "record {label}: the store has no payload"
+                    )))
+                }
+            };
+            done.map_err(|e| {
+                Error::io(
+                    format!("reading record {label} from {}/{DATA_FILE}", self.name),
+                    e,
+                )
+            })
+        };
+        if self.header.codec == Codec::Raw && len == dst.len() {
+            // Raw records land in place: no staging copy.
+            fill(dst)
+        } else {
+            dec.staging.resize(len, 0);
+            fill(&mut dec.staging)?;
+            dec.decode_staged(label, dst)
         }
     }
 }
