@@ -17,7 +17,8 @@ server on 127.0.0.1 (tests/_servers.py ``S3Server``), with the same records.
 Rows, every one in a fresh subprocess:
 
     local            DataLoader({'x': Dense.open(dir)}, batch_size=256, prefetch_size=4,
-                     mode=2, transform=None), warm page cache
+                     mode=2, transform=lambda b: b), warm page cache
+                     (--transform none: no transform, the native path alone)
     S3 direct        the same on Dense.open('s3://...') straight to the server
     S3 +0/+5/+20 ms  the same through a delay proxy on 127.0.0.1 that adds that
                      round-trip time (benches/_latency.py; netem is used nowhere,
@@ -219,8 +220,11 @@ def worker_loaderx(spec: dict, src) -> dict:
     t0 = pc()
     store = Dense.open(spec["url"], storage_options=opts)
     t_open = pc() - t0
+    # "lambda": a trivial Python transform, as almost every training loop
+    # passes one (it runs on transform threads); "none": the native path only.
+    transform = None if spec.get("transform") == "none" else (lambda batch: batch)
     loader = DataLoader({"x": store}, batch_size=spec["batch"], prefetch_size=spec["prefetch"], mode=2,
-                        seed=spec["seed"], transform=None)
+                        seed=spec["seed"], transform=transform)
     it = iter(loader)
     first = next(it)["x"]
     ttfb = pc() - t0
@@ -588,6 +592,9 @@ def main(argv=None) -> int:
                    help="delay each direction by the full latency (round trip +2x), not half of it")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--prefetch", type=int, default=4)
+    p.add_argument("--transform", choices=("lambda", "none"), default="lambda",
+                   help="loaderx rows: a trivial Python transform (lambda b: b, the usual case; "
+                        "default) or none (the native path only)")
     p.add_argument("--batches", type=int, help="timed batches per row (default vision 50 / tokens 100)")
     p.add_argument("--warmup", type=int, help="untimed warm-up batches (default vision 5 / tokens 10)")
     p.add_argument("--verify", type=int, default=1, help="batches compared byte for byte with the source "
@@ -838,7 +845,7 @@ def run(args, names, codecs, backends, latencies, extra_opts, max_in_flight) -> 
                       "records": wl["records"], "batch": args.batch, "batches": wl["batches"],
                       "warmup": wl["warmup"], "verify": args.verify, "max_seconds": args.max_seconds,
                       "min_seconds": args.min_seconds,
-                      "prefetch": args.prefetch, "seed": 42, "source": str(wl["source"]),
+                      "prefetch": args.prefetch, "transform": args.transform, "seed": 42, "source": str(wl["source"]),
                       "gathers": args.gathers, "scratch": str(scratch), "watch": {"server": weed_pid}}
             if "loaderx" in backends:
                 plan.append(dict(case=case, key=f"{case}/loaderx/local", backend="loaderx", storage="local disk",
@@ -998,7 +1005,8 @@ def run(args, names, codecs, backends, latencies, extra_opts, max_in_flight) -> 
         if row["backend"] == "loaderx" and sm.get("producers"):
             prod.setdefault("local" if row["rtt"] is None else "S3", set()).add(int(sm["producers"]))
     prod_txt = ", ".join(f"{'/'.join(map(str, sorted(v)))} on {k}" for k, v in prod.items()) or "?"
-    L.append(f"DataLoader(batch_size={args.batch}, prefetch_size={args.prefetch}, mode=2, transform=None), one "
+    tf = "lambda b: b" if args.transform == "lambda" else "None"
+    L.append(f"DataLoader(batch_size={args.batch}, prefetch_size={args.prefetch}, mode=2, transform={tf}), one "
              f"stream `x`; native producer threads, each gathering one whole batch: {prod_txt} (counted in each "
              f"worker); S3 reads with max_in_flight={max_in_flight} per gather"
              + (f" and {', '.join(f'{k}={v}' for k, v in extra_opts.items())}" if extra_opts else
