@@ -244,6 +244,9 @@ class DataLoader:
                 raise ValueError(
                     f"packed names streams that are not Ragged streams of this loader: {sorted(unknown)}"
                 )
+        # Memory lent by an adapter (loaderx.torch's pinned buffers) for the
+        # Dense columns; see _lend.
+        self._lent: Any = None
         self._start(_u64("start_step", start_step))
 
     # -- pipeline -------------------------------------------------------------
@@ -265,12 +268,30 @@ class DataLoader:
             self._shard_index,
             self._shard_count,
             max(2, prefetch) if remote else 2,
+            self._lent,
         )
         self._pipe = _Pipeline(core, self._names, self._transform, self._transform_workers, step)
         self._closed = False
         # The pipeline's threads hold the pipeline, never the loader, so an
         # abandoned loader is collected and its threads told to stop.
         self._finalizer = weakref.finalize(self, self._pipe.shutdown, 0.0)
+
+    def _lend(self, pool: Any) -> None:
+        """Gathers Dense columns into the regions of ``pool`` (a
+        ``_native.LentPool``) from the next batch on, falling back to engine
+        buffers when no region is free. Restarts the pipeline at the current
+        step, like ``load_state_dict``."""
+        step = self.step
+        self._close(None)
+        self._lent = pool
+        self._start(step)
+
+    def _batches_alive(self) -> int:
+        """Most batches this loader and a ``for`` loop over it hold at once
+        (see the class docstring): the native slots, the transform stage, the
+        batch being handed over and the one the consumer holds."""
+        workers = self._transform_workers if self._transform is not None else 0
+        return max(2, self._native_prefetch()) + workers + 2
 
     def _native_prefetch(self) -> int:
         # Transform workers hold batches too (being transformed, or done and

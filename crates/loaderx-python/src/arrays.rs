@@ -8,6 +8,7 @@
 use std::ffi::c_void;
 use std::ptr::NonNull;
 
+use loaderx::lent::{BatchBytes, LentBuffer};
 use loaderx::store::{PackedBatch, RaggedBatch};
 use numpy::npyffi::{self, npy_intp, NpyTypes, NPY_ARRAY_WRITEABLE, PY_ARRAY_API};
 use numpy::{PyArray1, PyArrayDescr, PyArrayDescrMethods, PyArrayMethods};
@@ -53,16 +54,60 @@ impl Drop for BatchBuffer {
     }
 }
 
+/// Memory lent by the consumer (see `loaderx::lent`) behind one batch's
+/// array; dropping it (when the last view dies) returns the region to its
+/// pool.
+#[pyclass(frozen, module = "loaderx._native")]
+pub struct LentMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+    // Never touched again from Rust: NumPy owns all access until the drop.
+    _buffer: LentBuffer,
+}
+
+// SAFETY: the region is reached only through the pointer NumPy was given,
+// under the GIL; the buffer itself is only dropped, which returns the region
+// to its (Mutex-guarded) pool, from whichever thread drops the last view.
+unsafe impl Send for LentMemory {}
+// SAFETY: as above; the struct itself is immutable.
+unsafe impl Sync for LentMemory {}
+
+impl LentMemory {
+    fn wrap(py: Python<'_>, mut buffer: LentBuffer) -> PyResult<Bound<'_, LentMemory>> {
+        let len = buffer.len();
+        // The pointer is taken once, before NumPy sees the memory.
+        let ptr = NonNull::new(buffer.as_mut_ptr()).expect("slice pointers are non-null");
+        Bound::new(
+            py,
+            LentMemory {
+                ptr,
+                len,
+                _buffer: buffer,
+            },
+        )
+    }
+}
+
 /// A writable C-contiguous array of `dtype` and `shape` over `data`
 /// (which must hold exactly `prod(shape) * itemsize` bytes).
 pub fn dense_array<'py>(
     py: Python<'py>,
-    data: Vec<u8>,
+    data: impl Into<BatchBytes>,
     shape: Vec<npy_intp>,
     dtype: &Bound<'py, PyArrayDescr>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let base = BatchBuffer::wrap(py, data)?;
-    view(py, &base, 0, shape, dtype)
+    match data.into() {
+        BatchBytes::Heap(v) => {
+            let base = BatchBuffer::wrap(py, v)?;
+            let (ptr, len) = (base.get().ptr, base.get().len);
+            view(py, base.as_any(), ptr, len, 0, shape, dtype)
+        }
+        BatchBytes::Lent(b) => {
+            let base = LentMemory::wrap(py, b)?;
+            let (ptr, len) = (base.get().ptr, base.get().len);
+            view(py, base.as_any(), ptr, len, 0, shape, dtype)
+        }
+    }
 }
 
 /// Wraps a packed Ragged batch as `(values, cu_seqlens, shapes)`: a 1-D
@@ -94,35 +139,39 @@ pub fn ragged_list<'py>(
         .collect();
     let offsets: Vec<usize> = (0..n).map(|i| batch.payload_range(i).start).collect();
     let base = BatchBuffer::wrap(py, batch.into_data())?;
+    let (ptr, len) = (base.get().ptr, base.get().len);
     let list = PyList::empty(py);
     for (shape, offset) in shapes.into_iter().zip(offsets) {
-        list.append(view(py, &base, offset, shape, dtype)?)?;
+        list.append(view(py, base.as_any(), ptr, len, offset, shape, dtype)?)?;
     }
     Ok(list)
 }
 
-/// A view of `base`'s bytes from `offset` as a C-contiguous `dtype` array of `shape`.
+/// A view of the `len` bytes at `ptr`, which `base` owns, from `offset` as
+/// a C-contiguous `dtype` array of `shape`.
 fn view<'py>(
     py: Python<'py>,
-    base: &Bound<'py, BatchBuffer>,
+    base: &Bound<'py, PyAny>,
+    ptr: NonNull<u8>,
+    len: usize,
     offset: usize,
     mut shape: Vec<npy_intp>,
     dtype: &Bound<'py, PyArrayDescr>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let bytes = shape.iter().map(|&d| d as usize).product::<usize>() * dtype.itemsize();
-    if offset + bytes > base.get().len {
+    if offset + bytes > len {
         return Err(pyo3::exceptions::PyRuntimeError::new_err(
             "internal error: array view outside its buffer",
         ));
     }
-    // SAFETY: the view lies inside the base buffer (checked above). The
-    // base's data pointer is valid while `base` lives, and the view keeps
+    // SAFETY: the view lies inside the base's `len` bytes (checked above).
+    // The base's data pointer is valid while `base` lives, and the view keeps
     // `base` alive through its base-object reference. PyArray_NewFromDescr
     // steals one reference to the descriptor, so we add one first;
     // PyArray_SetBaseObject steals one reference to the base, so we add one
     // too. Null results are turned into the pending Python exception.
     unsafe {
-        let data = base.get().ptr.as_ptr().add(offset) as *mut c_void;
+        let data = ptr.as_ptr().add(offset) as *mut c_void;
         let descr = dtype.as_dtype_ptr();
         pyo3::ffi::Py_INCREF(descr.cast());
         let array_type = npyffi::get_type_object(py, NpyTypes::PyArray_Type);

@@ -18,6 +18,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(pool_threads, m)?)?;
     m.add_class::<arrays::BatchBuffer>()?;
+    m.add_class::<arrays::LentMemory>()?;
     m.add_function(wrap_pyfunction!(cached_batch_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(batch_buffer_stats, m)?)?;
     m.add_function(wrap_pyfunction!(remote_stats, m)?)?;

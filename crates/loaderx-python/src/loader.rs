@@ -4,10 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use loaderx::lent::LentPool;
 use loaderx::loader::{Column, Loader, LoaderConfig, Next, Packed, Source};
 use loaderx::sampler::Mode;
 use numpy::npyffi::npy_intp;
-use numpy::PyArrayDescr;
+use numpy::{PyArray1, PyArrayDescr, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
@@ -18,6 +19,7 @@ use crate::store::ReaderHandle;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LoaderHandle>()?;
+    m.add_class::<LentPoolHandle>()?;
     Ok(())
 }
 
@@ -27,6 +29,52 @@ const POLL: Duration = Duration::from_millis(50);
 struct StreamInfo {
     dtype: Py<PyArrayDescr>,
     item_shape: Option<Vec<npy_intp>>,
+}
+
+/// Memory a Python consumer lends to loaders for their Dense columns
+/// (pinned host memory, typically); see `loaderx::lent`.
+#[pyclass(frozen, name = "LentPool", module = "loaderx._native")]
+pub struct LentPoolHandle {
+    pool: Arc<LentPool>,
+}
+
+#[pymethods]
+impl LentPoolHandle {
+    #[new]
+    fn new() -> Self {
+        LentPoolHandle {
+            pool: LentPool::new(),
+        }
+    }
+
+    /// Lends the memory of `array`, a writable C-contiguous 1-D uint8 array,
+    /// as one region. The pool keeps the array (and whatever owns its
+    /// memory) alive; the caller must not use that memory any more.
+    fn lend(&self, array: Bound<'_, PyArray1<u8>>) -> PyResult<()> {
+        // A writable view can be borrowed mutably; a read-only one cannot.
+        if !array.is_contiguous() || array.try_readwrite().is_err() {
+            return Err(PyValueError::new_err(
+                "lent memory must be a writable C-contiguous uint8 array",
+            ));
+        }
+        let len = array.len();
+        let Some(ptr) = std::ptr::NonNull::new(array.data()) else {
+            return Err(PyValueError::new_err("lent memory must not be empty"));
+        };
+        let owner: Py<PyAny> = array.into_any().unbind();
+        // SAFETY: the array object, kept alive as the region's owner, keeps
+        // its `len` bytes at `ptr` valid; the caller gives up using them
+        // (documented above), so only the pool's buffers reach them.
+        unsafe { self.pool.lend(ptr.cast(), len, Box::new(owner)) };
+        Ok(())
+    }
+
+    /// `(lent, fallback, free)`: requests served with lent memory, requests
+    /// that found no free region large enough, and regions free now.
+    fn stats(&self) -> (u64, u64, usize) {
+        let s = self.pool.stats();
+        (s.lent, s.fallback, s.free)
+    }
 }
 
 /// A running native loader.
@@ -40,7 +88,7 @@ pub struct LoaderHandle {
 impl LoaderHandle {
     /// Starts gathering `readers` (ReaderHandle objects) with numpy dtypes `dtypes`.
     #[new]
-    #[pyo3(signature = (readers, dtypes, packed, batch_size, mode, seed, start_step, prefetch, shard_index, shard_count, producers))]
+    #[pyo3(signature = (readers, dtypes, packed, batch_size, mode, seed, start_step, prefetch, shard_index, shard_count, producers, lent=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -55,6 +103,7 @@ impl LoaderHandle {
         shard_index: u64,
         shard_count: u64,
         producers: usize,
+        lent: Option<Bound<'_, LentPoolHandle>>,
     ) -> PyResult<Self> {
         if readers.len() != dtypes.len() || readers.len() != packed.len() {
             return Err(PyValueError::new_err(
@@ -88,6 +137,7 @@ impl LoaderHandle {
             shard_index,
             shard_count,
             producers,
+            lent: lent.map(|p| Arc::clone(&p.get().pool)),
         };
         let loader = py.detach(|| Loader::new(sources, config)).py(py)?;
         Ok(LoaderHandle { loader, streams })

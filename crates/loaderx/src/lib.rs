@@ -29,6 +29,7 @@ pub mod dict;
 pub mod error;
 pub mod format;
 mod io;
+pub mod lent;
 pub mod loader;
 pub mod pool;
 pub mod remote;

@@ -55,14 +55,16 @@ use std::time::{Duration, Instant};
 
 use crate::buffers;
 use crate::error::{Error, Result};
+use crate::lent::{BatchBytes, LentPool};
 use crate::sampler::{Mode, Sampler};
 use crate::store::{DenseReader, PackedBatch, RaggedBatch, RaggedReader, StoreReader};
 
 /// The Dense part of a batch: `rows` records of `width` bytes, back to back.
 #[derive(Debug)]
 pub struct DenseBatch {
-    /// C-order record bytes.
-    pub data: Vec<u8>,
+    /// C-order record bytes: an engine buffer, or memory lent through
+    /// [`LoaderConfig::lent`].
+    pub data: BatchBytes,
     /// Number of records.
     pub rows: usize,
     /// Bytes per record.
@@ -97,6 +99,21 @@ pub trait Source: Send + Sync {
         let _ = rows;
         0
     }
+    /// Bytes per record when this source gives [`Column::Dense`] batches
+    /// and can gather into memory it is handed
+    /// ([`gather_dense_into`](Self::gather_dense_into)); `None` otherwise.
+    fn dense_width(&self) -> Option<usize> {
+        None
+    }
+    /// Gathers records `indices` into `out` (`indices.len()` times
+    /// [`dense_width`](Self::dense_width) bytes). Only called on sources
+    /// with a `dense_width`.
+    fn gather_dense_into(&self, indices: &[u64], out: &mut [u8]) -> Result<()> {
+        let _ = (indices, out);
+        Err(Error::State(
+            "this source cannot gather into lent memory".into(),
+        ))
+    }
 }
 
 impl Source for StoreReader {
@@ -108,7 +125,7 @@ impl Source for StoreReader {
     fn gather(&self, indices: &[u64]) -> Result<Column> {
         match self.schema().record_width() {
             Some(width) => Ok(Column::Dense(DenseBatch {
-                data: self.gather_dense(indices)?,
+                data: self.gather_dense(indices)?.into(),
                 rows: indices.len(),
                 width: width as usize,
             })),
@@ -118,6 +135,17 @@ impl Source for StoreReader {
 
     fn batch_bytes_hint(&self, rows: usize) -> usize {
         StoreReader::batch_bytes_hint(self, rows)
+    }
+
+    fn dense_width(&self) -> Option<usize> {
+        self.schema().record_width().map(|w| w as usize)
+    }
+
+    fn gather_dense_into(&self, indices: &[u64], out: &mut [u8]) -> Result<()> {
+        match self.schema().record_width() {
+            Some(width) => self.gather_fixed(indices, width as usize, out),
+            None => Err(Error::State("gather_dense_into on a Ragged store".into())),
+        }
     }
 }
 
@@ -132,6 +160,14 @@ impl Source for DenseReader {
 
     fn batch_bytes_hint(&self, rows: usize) -> usize {
         self.inner().batch_bytes_hint(rows)
+    }
+
+    fn dense_width(&self) -> Option<usize> {
+        Some(self.record_width())
+    }
+
+    fn gather_dense_into(&self, indices: &[u64], out: &mut [u8]) -> Result<()> {
+        self.gather_into(indices, out)
     }
 }
 
@@ -168,6 +204,15 @@ impl<S: Source> Source for Packed<S> {
     fn batch_bytes_hint(&self, rows: usize) -> usize {
         self.0.batch_bytes_hint(rows)
     }
+
+    // Packing only changes Ragged batches; a Dense source passes through.
+    fn dense_width(&self) -> Option<usize> {
+        self.0.dense_width()
+    }
+
+    fn gather_dense_into(&self, indices: &[u64], out: &mut [u8]) -> Result<()> {
+        self.0.gather_dense_into(indices, out)
+    }
 }
 
 impl<S: Source + ?Sized> Source for Arc<S> {
@@ -181,6 +226,14 @@ impl<S: Source + ?Sized> Source for Arc<S> {
 
     fn batch_bytes_hint(&self, rows: usize) -> usize {
         (**self).batch_bytes_hint(rows)
+    }
+
+    fn dense_width(&self) -> Option<usize> {
+        (**self).dense_width()
+    }
+
+    fn gather_dense_into(&self, indices: &[u64], out: &mut [u8]) -> Result<()> {
+        (**self).gather_dense_into(indices, out)
     }
 }
 
@@ -216,6 +269,11 @@ pub struct LoaderConfig {
     pub shard_count: u64,
     /// Producer threads (at least 1; capped at `prefetch`).
     pub producers: usize,
+    /// Memory the consumer lends for Dense columns (pinned host memory for
+    /// device copies, typically): each Dense column is gathered straight
+    /// into a free region of the pool when one is large enough, else into
+    /// an engine buffer as without a pool.
+    pub lent: Option<Arc<LentPool>>,
 }
 
 impl Default for LoaderConfig {
@@ -229,6 +287,7 @@ impl Default for LoaderConfig {
             shard_index: 0,
             shard_count: 1,
             producers: 2,
+            lent: None,
         }
     }
 }
@@ -258,6 +317,7 @@ struct State {
 
 struct Shared {
     sources: Vec<Arc<dyn Source>>,
+    lent: Option<Arc<LentPool>>,
     sampler: Sampler,
     shard: std::ops::Range<usize>,
     /// Slots: claimed undelivered steps plus the held batch.
@@ -282,13 +342,32 @@ impl Shared {
             if self.lock().closed {
                 return Err(Error::State("the loader was closed".into()));
             }
-            columns.push(source.gather(&indices)?);
+            columns.push(self.gather(source.as_ref(), &indices)?);
         }
         Ok(Batch {
             step,
             indices,
             columns,
         })
+    }
+
+    /// One source's column, in lent memory when the source is Dense and a
+    /// region is free.
+    fn gather(&self, source: &dyn Source, indices: &[u64]) -> Result<Column> {
+        if let (Some(pool), Some(width)) = (&self.lent, source.dense_width()) {
+            let len = indices.len().checked_mul(width).ok_or_else(|| {
+                Error::OutOfMemory(format!("{} records of {width} bytes", indices.len()))
+            })?;
+            if let Some(mut buf) = pool.take(len) {
+                source.gather_dense_into(indices, &mut buf)?;
+                return Ok(Column::Dense(DenseBatch {
+                    data: BatchBytes::Lent(buf),
+                    rows: indices.len(),
+                    width,
+                }));
+            }
+        }
+        source.gather(indices)
     }
 
     fn run_producer(&self) {
@@ -419,6 +498,7 @@ impl Loader {
         let reservation = reserve_buffers(&sources, hi - lo, slots);
         let shared = Arc::new(Shared {
             sources,
+            lent: config.lent.clone(),
             sampler,
             shard: lo..hi,
             capacity: slots as u64,
@@ -593,7 +673,11 @@ mod tests {
                 }
             }
             Ok(Column::Dense(DenseBatch {
-                data: indices.iter().flat_map(|i| i.to_le_bytes()).collect(),
+                data: indices
+                    .iter()
+                    .flat_map(|i| i.to_le_bytes())
+                    .collect::<Vec<u8>>()
+                    .into(),
                 rows: indices.len(),
                 width: 8,
             }))
@@ -653,7 +737,7 @@ mod tests {
         fn gather(&self, indices: &[u64]) -> Result<Column> {
             let data = buffers::take(indices.len() * self.width).expect("memory");
             Ok(Column::Dense(DenseBatch {
-                data,
+                data: data.into(),
                 rows: indices.len(),
                 width: self.width,
             }))
@@ -691,7 +775,7 @@ mod tests {
             for b in held {
                 for column in b.columns {
                     if let Column::Dense(d) = column {
-                        buffers::recycle(d.data);
+                        d.data.recycle();
                     }
                 }
             }
@@ -722,7 +806,7 @@ mod tests {
         let release = |b: Batch| {
             for column in b.columns {
                 if let Column::Dense(d) = column {
-                    buffers::recycle(d.data);
+                    d.data.recycle();
                 }
             }
         };

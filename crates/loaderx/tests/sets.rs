@@ -239,7 +239,7 @@ fn a_loader_reads_a_set_like_a_store() {
             panic!("dense")
         };
         let expected: Vec<u8> = batch.indices.iter().flat_map(|&i| pair(i as u32)).collect();
-        assert_eq!(d.data, expected, "step {step}");
+        assert_eq!(&d.data[..], &expected[..], "step {step}");
     }
     loader.close();
 }
