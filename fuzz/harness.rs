@@ -425,7 +425,7 @@ fn dense_gather_checked(r: &StoreReader, width: usize, idx: &[u64], extra: usize
         extra,
     );
     match (&res, &owned) {
-        (Ok(()), Ok(v)) => assert_eq!(&out, v, "gather_dense differs from gather_fixed"),
+        (Ok(()), Ok(v)) => assert_eq!(&out[..], &v[..], "gather_dense differs from gather_fixed"),
         (Err(_), Err(_)) => {}
         _ => panic!(
             "gather_fixed and gather_dense disagree: {:?} vs {:?}",

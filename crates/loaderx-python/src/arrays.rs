@@ -8,38 +8,40 @@
 use std::ffi::c_void;
 use std::ptr::NonNull;
 
+use loaderx::buffers::Buf;
 use loaderx::lent::{BatchBytes, LentBuffer};
 use loaderx::store::{PackedBatch, RaggedBatch};
 use numpy::npyffi::{self, npy_intp, NpyTypes, NPY_ARRAY_WRITEABLE, PY_ARRAY_API};
-use numpy::{PyArray1, PyArrayDescr, PyArrayDescrMethods, PyArrayMethods};
+use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-/// The memory behind one batch's arrays: an engine buffer held as raw
-/// parts, so NumPy may write through its views without aliasing any Rust
-/// reference. Dropping it (when the last view dies) recycles the buffer.
+/// The memory behind one batch's arrays: an engine buffer, reached by
+/// NumPy only through the pointer taken when it was wrapped, so NumPy may
+/// write through its views without aliasing any Rust reference. Dropping it
+/// (when the last view dies) recycles the buffer.
 #[pyclass(frozen, module = "loaderx._native")]
 pub struct BatchBuffer {
     ptr: NonNull<u8>,
     len: usize,
-    capacity: usize,
+    // Some until dropped; never read or written from Rust meanwhile.
+    buf: Option<Buf>,
 }
 
 // SAFETY: the buffer is plain heap memory owned by this object alone; Rust
-// never reads or writes it after construction except to free it in `Drop`,
-// and NumPy accesses it under the GIL like any other array memory.
+// never reads or writes it after construction except to recycle it in
+// `Drop`, and NumPy accesses it under the GIL like any other array memory.
 unsafe impl Send for BatchBuffer {}
 // SAFETY: as above; the struct itself is immutable.
 unsafe impl Sync for BatchBuffer {}
 
 impl BatchBuffer {
-    fn wrap<'py>(py: Python<'py>, data: Vec<u8>) -> PyResult<Bound<'py, BatchBuffer>> {
-        let mut data = std::mem::ManuallyDrop::new(data);
+    fn wrap(py: Python<'_>, mut data: Buf) -> PyResult<Bound<'_, BatchBuffer>> {
         let buffer = BatchBuffer {
-            // A Vec's pointer is never null (dangling but non-null when empty).
-            ptr: NonNull::new(data.as_mut_ptr()).expect("vec pointers are non-null"),
+            // The pointer is taken once, before NumPy sees the memory.
+            ptr: NonNull::new(data.as_mut_ptr()).expect("buffer pointers are non-null"),
             len: data.len(),
-            capacity: data.capacity(),
+            buf: Some(data),
         };
         Bound::new(py, buffer)
     }
@@ -47,10 +49,9 @@ impl BatchBuffer {
 
 impl Drop for BatchBuffer {
     fn drop(&mut self) {
-        // SAFETY: the parts come from a Vec<u8> we took apart in `wrap` and
-        // have not used to rebuild one since.
-        let data = unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), self.len, self.capacity) };
-        loaderx::buffers::recycle(data);
+        if let Some(buf) = self.buf.take() {
+            loaderx::buffers::recycle(buf);
+        }
     }
 }
 
@@ -121,10 +122,31 @@ pub fn packed_tuple<'py>(
     let n = batch.len();
     let elements = *batch.cu_seqlens.last().unwrap_or(&0) as npy_intp;
     let values = dense_array(py, batch.values, vec![elements], dtype)?;
-    let cu_seqlens = PyArray1::from_vec(py, batch.cu_seqlens);
-    let shapes: Vec<i64> = batch.shapes.iter().map(|&d| d as i64).collect();
-    let shapes = PyArray1::from_vec(py, shapes).reshape([n, batch.ndim])?;
-    PyTuple::new(py, [values, cu_seqlens.into_any(), shapes.into_any()])
+    // Offsets and shapes go into aligned engine buffers too, so every array
+    // of the tuple crosses DLPack without a copy (see `loaderx::buffers`).
+    let cu_bytes: Vec<u8> = batch
+        .cu_seqlens
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let cu_seqlens = dense_array(
+        py,
+        Buf::from_slice(&cu_bytes),
+        vec![batch.cu_seqlens.len() as npy_intp],
+        &numpy::dtype::<i32>(py),
+    )?;
+    let shape_bytes: Vec<u8> = batch
+        .shapes
+        .iter()
+        .flat_map(|&d| (d as i64).to_le_bytes())
+        .collect();
+    let shapes = dense_array(
+        py,
+        Buf::from_slice(&shape_bytes),
+        vec![n as npy_intp, batch.ndim as npy_intp],
+        &numpy::dtype::<i64>(py),
+    )?;
+    PyTuple::new(py, [values, cu_seqlens, shapes])
 }
 
 /// Wraps a Ragged batch as a list of arrays viewing one buffer.

@@ -9,6 +9,10 @@
 //! of a 512 KiB gather of raw 2 KiB records. Recycling the few buffers a
 //! loader cycles through keeps their pages mapped and skips the zeroing.
 //!
+//! Every buffer is a [`Buf`]: its first byte is [`ALIGN`]-byte aligned,
+//! the alignment XLA's CPU client needs to take an array through DLPack
+//! without copying it (and a cache line, for SIMD loads).
+//!
 //! The cache is bounded ([`MAX_ENTRIES`] buffers, [`MAX_BYTES`] in all) and
 //! only holds buffers of at least [`MIN_BYTES`]; smaller ones are the
 //! allocator's business.
@@ -22,6 +26,7 @@
 //! created when no cached one fits, so the buffers in circulation do not
 //! outnumber the most that were alive at once.
 
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -32,8 +37,170 @@ pub const MAX_ENTRIES: usize = 2;
 /// Most bytes kept without a [`Reservation`].
 pub const MAX_BYTES: usize = 256 << 20;
 
+/// Alignment of the first byte of every [`Buf`].
+pub const ALIGN: usize = 64;
+
+/// A byte buffer whose data starts at an [`ALIGN`]-byte boundary.
+///
+/// It comes from `calloc` with `ALIGN` bytes to spare, and starts at the
+/// first aligned byte inside: unlike an aligned allocation, `calloc` hands
+/// out fresh zero pages without a `memset` pass, which is most of the cost
+/// of a new large batch. Every byte of the capacity is initialised, so
+/// [`set_len`](Self::set_len) up to the capacity is safe.
+pub struct Buf {
+    /// The allocation, from `libc::calloc`/`realloc`; freed on drop.
+    raw: NonNull<u8>,
+    /// Offset of the first aligned byte in `raw`.
+    start: usize,
+    len: usize,
+    cap: usize,
+}
+
+// SAFETY: a Buf owns its allocation outright, like a Vec<u8>.
+unsafe impl Send for Buf {}
+// SAFETY: shared access is read-only, like a Vec<u8>'s.
+unsafe impl Sync for Buf {}
+
+impl Buf {
+    /// `len` zero bytes, or `None` when the allocation fails.
+    pub fn zeroed(len: usize) -> Option<Buf> {
+        let total = len.checked_add(ALIGN)?;
+        // SAFETY: calloc with a non-zero size; the result is checked for null.
+        let raw = NonNull::new(unsafe { libc::calloc(1, total) }.cast::<u8>())?;
+        let start = raw.as_ptr().align_offset(ALIGN);
+        Some(Buf {
+            raw,
+            start,
+            len,
+            cap: len,
+        })
+    }
+
+    /// A copy of `bytes`.
+    pub fn from_slice(bytes: &[u8]) -> Buf {
+        let mut buf = Buf::zeroed(bytes.len()).expect("memory for a buffer copy");
+        buf.copy_from_slice(bytes);
+        buf
+    }
+
+    /// Bytes in use.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no bytes are in use.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes available without growing.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Uses the first `len` bytes (at most the capacity); their contents
+    /// are whatever the buffer held.
+    pub fn set_len(&mut self, len: usize) {
+        assert!(
+            len <= self.cap,
+            "set_len {len} beyond capacity {}",
+            self.cap
+        );
+        self.len = len;
+    }
+
+    /// Keeps the first `len` bytes (no-op when already shorter).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Grows the capacity to at least `cap` bytes (new bytes zero), keeping
+    /// the contents; `None` when the allocation fails (the buffer is then
+    /// unchanged).
+    pub fn grow(&mut self, cap: usize) -> Option<()> {
+        if cap <= self.cap {
+            return Some(());
+        }
+        let total = cap.checked_add(ALIGN)?;
+        // SAFETY: `raw` came from calloc/realloc and is still live; on
+        // failure realloc leaves it untouched and we return early.
+        let raw =
+            NonNull::new(unsafe { libc::realloc(self.raw.as_ptr().cast(), total) }.cast::<u8>())?;
+        let start = raw.as_ptr().align_offset(ALIGN);
+        // SAFETY: the new block holds `total` bytes; both ranges lie inside
+        // it (start < ALIGN and old cap + ALIGN <= total), and `copy` allows
+        // overlap. realloc kept the first `start_old + cap_old` bytes, so
+        // the old contents sit at the old offset until moved.
+        unsafe {
+            if start != self.start {
+                std::ptr::copy(
+                    raw.as_ptr().add(self.start),
+                    raw.as_ptr().add(start),
+                    self.cap,
+                );
+            }
+            std::ptr::write_bytes(raw.as_ptr().add(start + self.cap), 0, cap - self.cap);
+        }
+        self.raw = raw;
+        self.start = start;
+        self.cap = cap;
+        Some(())
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from calloc/realloc and is freed only here.
+        unsafe { libc::free(self.raw.as_ptr().cast()) };
+    }
+}
+
+impl std::ops::Deref for Buf {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `start + len <= start + cap`, inside the allocation, and
+        // every byte of the capacity is initialised (zeroed or written).
+        unsafe { std::slice::from_raw_parts(self.raw.as_ptr().add(self.start), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for Buf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.raw.as_ptr().add(self.start), self.len) }
+    }
+}
+
+impl std::fmt::Debug for Buf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buf")
+            .field("len", &self.len)
+            .field("cap", &self.cap)
+            .finish()
+    }
+}
+
+impl Default for Buf {
+    fn default() -> Self {
+        Buf::zeroed(0).expect("memory for an empty buffer")
+    }
+}
+
+impl From<Vec<u8>> for Buf {
+    fn from(v: Vec<u8>) -> Self {
+        Buf::from_slice(&v)
+    }
+}
+
+impl<T: AsRef<[u8]> + ?Sized> PartialEq<T> for Buf {
+    fn eq(&self, other: &T) -> bool {
+        **self == *other.as_ref()
+    }
+}
+
 struct Cache {
-    buffers: Vec<Vec<u8>>,
+    buffers: Vec<Buf>,
     /// Sums over the live reservations.
     reserved_entries: usize,
     reserved_bytes: usize,
@@ -49,12 +216,12 @@ impl Cache {
     }
 
     fn held(&self) -> usize {
-        self.buffers.iter().map(Vec::capacity).sum()
+        self.buffers.iter().map(Buf::capacity).sum()
     }
 
     /// Removes the oldest buffers until the bounds hold again, returning
     /// them so the caller can free them after releasing the lock.
-    fn trim(&mut self) -> Vec<Vec<u8>> {
+    fn trim(&mut self) -> Vec<Buf> {
         let mut surplus = Vec::new();
         while !self.buffers.is_empty()
             && (self.buffers.len() > self.max_entries() || self.held() > self.max_bytes())
@@ -142,7 +309,7 @@ impl Drop for Reservation {
 /// next, so a cached buffer slightly smaller than the request is grown in
 /// place (for large buffers the allocator remaps, keeping the pages already
 /// there) rather than passed over.
-pub fn take(len: usize) -> Option<Vec<u8>> {
+pub fn take(len: usize) -> Option<Buf> {
     if len >= MIN_BYTES {
         let mut cache = cache();
         let best = cache
@@ -157,10 +324,11 @@ pub fn take(len: usize) -> Option<Vec<u8>> {
             drop(cache);
             REUSED.fetch_add(1, Ordering::Relaxed);
             if buf.capacity() < len {
-                buf.try_reserve_exact(len - buf.len()).ok()?;
+                buf.grow(len)?;
+                buf.set_len(len);
                 advise_huge_pages(&buf);
             }
-            buf.resize(len, 0);
+            buf.set_len(len);
             return Some(buf);
         }
         drop(cache);
@@ -170,7 +338,7 @@ pub fn take(len: usize) -> Option<Vec<u8>> {
 }
 
 /// Returns a buffer for reuse (or frees it when it is small or the cache is full).
-pub fn recycle(buf: Vec<u8>) {
+pub fn recycle(buf: Buf) {
     if buf.capacity() < MIN_BYTES {
         return;
     }
@@ -196,25 +364,10 @@ pub fn cached_bytes() -> usize {
     cache().held()
 }
 
-/// A zero-filled buffer of `len` bytes, or `None` when the allocation fails.
-///
-/// `alloc_zeroed` lets the allocator hand out fresh zero pages without a
-/// memset pass, and unlike `vec![0; len]` a failure is an error rather than
-/// an abort.
-pub(crate) fn zeroed(len: usize) -> Option<Vec<u8>> {
-    if len == 0 {
-        return Some(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<u8>(len).ok()?;
-    // SAFETY: the layout has a non-zero size.
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-    if ptr.is_null() {
-        return None;
-    }
-    // SAFETY: `ptr` comes from the global allocator with the layout of a
-    // `[u8; len]` (alignment 1), all `len` bytes are initialised (zero), and
-    // length and capacity both equal the allocated size.
-    let buf = unsafe { Vec::from_raw_parts(ptr, len, len) };
+/// A zero-filled buffer of `len` bytes, or `None` when the allocation fails
+/// (an error for the caller, not an abort).
+pub(crate) fn zeroed(len: usize) -> Option<Buf> {
+    let buf = Buf::zeroed(len)?;
     advise_huge_pages(&buf);
     Some(buf)
 }
@@ -269,6 +422,35 @@ pub(crate) mod tests {
 
     pub(crate) fn test_lock() -> MutexGuard<'static, ()> {
         TEST_LOCK.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    #[test]
+    fn bufs_are_aligned_and_keep_their_bytes_when_grown() {
+        for len in [0usize, 1, 63, 64, 1000, MIN_BYTES + 3] {
+            let mut b = Buf::zeroed(len).unwrap();
+            assert_eq!(b.as_ptr() as usize % ALIGN, 0, "len {len}");
+            assert!(b.iter().all(|&x| x == 0));
+            for (i, x) in b.iter_mut().enumerate() {
+                *x = (i % 251) as u8;
+            }
+            // Growing by a lot makes realloc move the block, to an address
+            // with another offset to the next aligned byte now and then.
+            for step in 1..6 {
+                let cap = (len + 1) * 7 * step + 4096 * step;
+                b.grow(cap).unwrap();
+                assert_eq!(b.len(), len);
+                assert_eq!(b.as_ptr() as usize % ALIGN, 0);
+                assert!(b.iter().enumerate().all(|(i, &x)| x == (i % 251) as u8));
+                b.set_len(cap);
+                assert!(b[len..].iter().all(|&x| x == 0), "new bytes are zero");
+                b.set_len(len);
+            }
+            b.truncate(len / 2);
+            assert_eq!(b.len(), len / 2);
+        }
+        assert_eq!(Buf::from_slice(&[1, 2, 3]), [1u8, 2, 3]);
+        assert_eq!(Buf::from(vec![4u8; 70]), vec![4u8; 70]);
+        assert!(Buf::default().is_empty());
     }
 
     #[test]

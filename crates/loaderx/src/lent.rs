@@ -30,6 +30,8 @@ use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::buffers::Buf;
+
 /// Keeps a lent region's memory alive (a framework tensor, typically).
 pub type Owner = Box<dyn Any + Send + Sync>;
 
@@ -204,7 +206,7 @@ impl Drop for LentBuffer {
 #[derive(Debug)]
 pub enum BatchBytes {
     /// An engine-allocated buffer.
-    Heap(Vec<u8>),
+    Heap(Buf),
     /// Memory lent through a [`LentPool`].
     Lent(LentBuffer),
 }
@@ -219,9 +221,15 @@ impl BatchBytes {
     }
 }
 
+impl From<Buf> for BatchBytes {
+    fn from(b: Buf) -> Self {
+        BatchBytes::Heap(b)
+    }
+}
+
 impl From<Vec<u8>> for BatchBytes {
     fn from(v: Vec<u8>) -> Self {
-        BatchBytes::Heap(v)
+        BatchBytes::Heap(v.into())
     }
 }
 

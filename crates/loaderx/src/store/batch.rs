@@ -3,13 +3,14 @@
 
 use std::ops::Range;
 
+use crate::buffers::Buf;
 use crate::error::{Error, Result};
 use crate::store::geometry::parse_ragged;
 
 /// One Ragged gather: every record's bytes in one buffer, with their shapes.
 #[derive(Debug, Default)]
 pub struct RaggedBatch {
-    data: Vec<u8>,
+    data: Buf,
     payloads: Vec<Range<usize>>,
     shape_starts: Vec<usize>,
     dims: Vec<u64>,
@@ -53,14 +54,14 @@ impl RaggedBatch {
     }
 
     /// Takes the shared buffer out of the batch.
-    pub fn into_data(self) -> Vec<u8> {
+    pub fn into_data(self) -> Buf {
         self.data
     }
 
     /// Builds the batch from [`StoreReader::gather_var`](crate::store::StoreReader::gather_var) output, parsing and
     /// checking every record's shape prefix.
     pub fn from_gather(
-        data: Vec<u8>,
+        data: Buf,
         ranges: Vec<Range<usize>>,
         indices: &[u64],
         itemsize: u64,
@@ -93,7 +94,7 @@ impl RaggedBatch {
 #[derive(Debug, Default)]
 pub struct PackedBatch {
     /// All payload bytes, back to back.
-    pub values: Vec<u8>,
+    pub values: Buf,
     /// Element offsets, `len() + 1` entries, starting at 0.
     pub cu_seqlens: Vec<i32>,
     /// Shapes, row-major `(len(), ndim)`.
@@ -178,7 +179,7 @@ mod tests {
             ranges.push(start..data.len());
         }
         let indices: Vec<u64> = (0..records.len() as u64).collect();
-        RaggedBatch::from_gather(data, ranges, &indices, 2).unwrap()
+        RaggedBatch::from_gather(data.into(), ranges, &indices, 2).unwrap()
     }
 
     #[test]
@@ -208,7 +209,7 @@ mod tests {
             .into_packed()
             .unwrap();
         assert_eq!(
-            (s.ndim, s.cu_seqlens.as_slice(), s.values.as_slice()),
+            (s.ndim, s.cu_seqlens.as_slice(), &s.values[..]),
             (0, &[0, 1, 2][..], &[7, 0, 8, 0][..])
         );
     }

@@ -738,7 +738,10 @@ impl StoreReader {
     /// a 16-byte-aligned slot; returns the buffer and each record's byte
     /// range in it. The buffer is as large as the requested records' logical
     /// sizes (plus alignment), never more.
-    pub fn gather_var(&self, indices: &[u64]) -> Result<(Vec<u8>, Vec<std::ops::Range<usize>>)> {
+    pub fn gather_var(
+        &self,
+        indices: &[u64],
+    ) -> Result<(crate::buffers::Buf, Vec<std::ops::Range<usize>>)> {
         self.check_indices(indices)?;
         self.fetch_table(indices)?;
         let mut locs = Vec::with_capacity(indices.len());
@@ -815,7 +818,7 @@ impl StoreReader {
 
     /// Gathers the records of a Dense store into a new buffer (taken from
     /// the [batch-buffer cache](crate::buffers)), `record width` bytes each.
-    pub fn gather_dense(&self, indices: &[u64]) -> Result<Vec<u8>> {
+    pub fn gather_dense(&self, indices: &[u64]) -> Result<crate::buffers::Buf> {
         let width = match self.schema.record_width() {
             Some(w) => w as usize,
             None => return Err(Error::State("gather_dense on a Ragged store".into())),
