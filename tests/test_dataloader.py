@@ -694,7 +694,8 @@ def test_shards_when_the_batch_exceeds_the_store(make):
         assert sum((p[k] for p in parts), []) == glob[k]
 
 
-_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")
+_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
+                  "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE")
 
 
 @pytest.fixture
@@ -725,6 +726,30 @@ def test_distributed_shard_reads_the_launchers_environment(no_launcher):
     no_launcher.setenv("SLURM_PROCID", "x")
     with pytest.raises(ValueError, match="must be integers"):
         distributed_shard()
+    no_launcher.delenv("SLURM_PROCID")
+    no_launcher.delenv("SLURM_NTASKS")
+    no_launcher.setenv("OMPI_COMM_WORLD_RANK", "5")
+    no_launcher.setenv("OMPI_COMM_WORLD_SIZE", "6")
+    assert distributed_shard() == (5, 6)
+    no_launcher.delenv("OMPI_COMM_WORLD_RANK")
+    no_launcher.setenv("PMI_RANK", "0")
+    no_launcher.setenv("PMI_SIZE", "2")
+    assert distributed_shard() == (0, 2)
+
+
+def test_distributed_shard_warns_when_only_local_ranks_are_known(no_launcher):
+    no_launcher.setenv("LOCAL_WORLD_SIZE", "1")
+    assert distributed_shard() == (0, 1)  # one local process: nothing to say
+    no_launcher.setenv("LOCAL_WORLD_SIZE", "8")
+    with pytest.warns(RuntimeWarning, match="LOCAL_WORLD_SIZE=8 is set but no global rank is"):
+        assert distributed_shard() == (0, 1)
+    no_launcher.delenv("LOCAL_WORLD_SIZE")
+    no_launcher.setenv("LOCAL_RANK", "3")
+    with pytest.warns(RuntimeWarning, match="LOCAL_RANK=3 is set but no global rank is"):
+        assert distributed_shard() == (0, 1)
+    no_launcher.setenv("RANK", "3")
+    no_launcher.setenv("WORLD_SIZE", "4")
+    assert distributed_shard() == (3, 4)  # the global rank is known: no warning
 
 
 def test_distributed_shard_warns_when_framework_and_launcher_disagree(no_launcher):

@@ -300,3 +300,15 @@ def test_cuda_copies_overlap_a_busy_stream_and_stay_correct(stores):
             assert b["y"].tolist() == [10 * i for i in expected(step)]
         state = tl.state_dict()
     assert state == {"step": 40}
+
+
+def test_built_from_streams_it_reads_this_ranks_slice(stores, monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with lt.TorchLoader(stores, batch_size=8, transform=None) as tl:
+        assert next(tl)["y"].tolist() == [10 * i for i in expected(0)[4:]]
+    # Explicit arguments win over the environment.
+    with lt.TorchLoader(stores, batch_size=8, shard_index=0, shard_count=1, transform=None) as tl:
+        assert next(tl)["y"].tolist() == [10 * i for i in expected(0)]

@@ -15,6 +15,7 @@ import weakref
 from typing import Any, Callable, Iterable, Mapping
 
 from loaderx import _native
+from loaderx._distributed import distributed_shard
 from loaderx.zrecord import Dense, Ragged, _Store
 
 __all__ = ["DataLoader", "identity", "distributed_shard"]
@@ -59,71 +60,6 @@ def _u64(name: str, value: Any, minimum: int = 0) -> int:
     if not minimum <= value < 2**64:
         raise ValueError(f"{name} must be in {minimum}..2^64-1, got {value}")
     return value
-
-
-def _launcher_shard() -> tuple[int, int, str] | None:
-    """``(rank, world, source)`` from the launcher's environment, if it says:
-    torchrun / torch.distributed launchers (``RANK``, ``WORLD_SIZE``), else
-    SLURM (``SLURM_PROCID``, ``SLURM_NTASKS``)."""
-    import os
-
-    for rank_var, world_var in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
-        rank, world = os.environ.get(rank_var), os.environ.get(world_var)
-        if rank is None or world is None:
-            continue
-        try:
-            r, w = int(rank), int(world)
-        except ValueError:
-            raise ValueError(
-                f"{rank_var}={rank!r} and {world_var}={world!r} must be integers"
-            ) from None
-        if not 0 <= r < w:
-            raise ValueError(f"{rank_var}={r} is not a rank of {world_var}={w}")
-        return r, w, f"{rank_var}/{world_var}"
-    return None
-
-
-def distributed_shard() -> tuple[int, int]:
-    """``(shard_index, shard_count)`` of this process: from ``torch.distributed``
-    or JAX when either is initialised, else from the launcher's environment
-    (``RANK``/``WORLD_SIZE`` as torchrun sets them, or SLURM's
-    ``SLURM_PROCID``/``SLURM_NTASKS``), else ``(0, 1)``. Pass them to
-    ``DataLoader(..., shard_index=..., shard_count=...)``.
-
-    Reading the environment means a call made before
-    ``init_process_group`` still gives every rank its own slice; a framework
-    that reports another world size than the environment gets a
-    RuntimeWarning, since then some ranks would read the same records."""
-    import sys
-    import warnings
-
-    env = _launcher_shard()
-    found: tuple[int, int] | None = None
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        dist = getattr(torch, "distributed", None)
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            found = int(dist.get_rank()), int(dist.get_world_size())
-    jax = sys.modules.get("jax")
-    if found is None and jax is not None:
-        try:
-            count = int(jax.process_count())
-            if count > 1:
-                found = int(jax.process_index()), count
-        except Exception:  # JAX not initialised for multi-process use
-            pass
-    if found is not None:
-        if env is not None and env[:2] != found:
-            warnings.warn(
-                f"the framework reports rank {found[0]} of {found[1]}, but {env[2]} say rank "
-                f"{env[0]} of {env[1]}: using the framework's",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        return found
-    if env is not None:
-        return env[0], env[1]
-    return 0, 1
 
 
 class _Failure:

@@ -35,7 +35,7 @@ except ImportError as e:  # pragma: no cover - exercised without torch only
     ) from e
 
 from loaderx import _native
-from loaderx.dataloader import Batch, DataLoader, identity
+from loaderx.dataloader import Batch, DataLoader, distributed_shard, identity
 from loaderx.zrecord import Dense, Ragged, _Store
 from loaderx.zsampler import Sampler
 
@@ -139,7 +139,9 @@ class TorchLoader:
     tensors, optionally on ``device`` and from pinned memory.
 
     ``loader`` is a DataLoader or a dict of opened stores (then the
-    remaining keyword arguments build the DataLoader). Dense streams become
+    remaining keyword arguments build the DataLoader; without
+    ``shard_index``/``shard_count`` it reads this process's slice of each
+    global batch, from :func:`~loaderx.dataloader.distributed_shard`). Dense streams become
     ``(batch, *item_shape)`` tensors, Ragged streams lists of tensors, packed
     streams ``(values, cu_seqlens, shapes)`` tuples of tensors; a
     ``transform``'s output is converted wherever it holds ndarrays.
@@ -181,6 +183,11 @@ class TorchLoader:
                 )
             self._loader = loader
         elif isinstance(loader, Mapping):
+            if "shard_index" not in loader_kwargs and "shard_count" not in loader_kwargs:
+                # A DDP job that forgets to shard would feed every rank the
+                # same records: take this process's slice unless told.
+                rank, world = distributed_shard()
+                loader_kwargs = {**loader_kwargs, "shard_index": rank, "shard_count": world}
             self._loader = DataLoader(loader, **loader_kwargs)
         else:
             raise TypeError(
