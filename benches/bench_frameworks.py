@@ -115,7 +115,7 @@ def _torch_batches(spec: dict, dataset):
     issue asks; a plan replay instead of shuffling with --torch-sampler plan."""
     import torch
     from torch.utils.data import BatchSampler, DataLoader, RandomSampler
-    common = dict(num_workers=spec["workers"], pin_memory=True, persistent_workers=spec["workers"] > 0)
+    common = {"num_workers": spec["workers"], "pin_memory": True, "persistent_workers": spec["workers"] > 0}
     if spec["row"] == "torch-store":
         from loaderx.torch import collate
         common["collate_fn"] = collate
@@ -221,23 +221,29 @@ def _median_time(fn, repeats: int = 7) -> float:
     return float(np.median(times))
 
 
-def cuda_probes(batch: dict, step, device) -> dict:
-    """Alone, with nothing else running: the pinned host-to-device copy of one
-    batch, and one step on a batch already on the device."""
+def probes(batch: dict, step, device) -> dict:
+    """Alone, with the loader's queue full and idle: one step on a batch
+    already on the device and, on CUDA, the pinned host-to-device copy of one
+    batch (the ceiling of any loader's copy)."""
     import torch
-    host = {k: v.cpu().pin_memory() for k, v in batch.items()}
-    on_dev = {k: v.to(device) for k, v in host.items()}
-
-    def copy():
-        for v in host.values():
-            v.to(device, non_blocking=True)
-        torch.cuda.synchronize()
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     def one_step():
-        step(on_dev)
-        torch.cuda.synchronize()
+        step(batch)
+        sync()
 
-    return {"copy_s": _median_time(copy), "step_s": _median_time(one_step)}
+    out = {"step_s": _median_time(one_step)}
+    if cuda:
+        host = {k: v.cpu().pin_memory() for k, v in batch.items()}
+
+        def copy():
+            for v in host.values():
+                v.to(device, non_blocking=True)
+            sync()
+
+        out["copy_s"] = _median_time(copy)
+    return out
 
 
 def _checked(batch: dict, spec: dict, src, full: bool) -> None:
@@ -250,6 +256,8 @@ def worker(spec: dict) -> dict:
     # The loader's threads/processes share the box with the step; torch's
     # intra-op pool for the stub is capped so it cannot grab every core.
     torch.set_num_threads(spec["step_threads"])
+    # torch's own warning that pin_memory=True does nothing without an accelerator.
+    warnings.filterwarnings("ignore", message=".*pin_memory.*no accelerator")
     _bl._phase("setup")
     device = torch.device(spec["device"])
     step = make_step(spec["step"], device)
@@ -266,8 +274,7 @@ def worker(spec: dict) -> dict:
             batch = next(it)
             _checked(batch, spec, src, full=False)
             step(batch)
-        if device.type == "cuda":
-            out["cuda"] = cuda_probes(batch, step, device)
+        out.update(probes(batch, step, device))
         del batch
         _bl._phase("timed")
         waits, pc = [], time.perf_counter
@@ -294,24 +301,30 @@ def worker(spec: dict) -> dict:
 # =========================================================================== limits (parent)
 
 
+def _isolated(fn) -> tuple[float, float]:
+    """(median wall seconds, CPU seconds of this process per call) of ``fn``."""
+    c0 = time.process_time()
+    wall = _median_time(fn)
+    return wall, (time.process_time() - c0) / 8  # _median_time calls fn 8 times
+
+
 def physical_limits(data: dict, codecs: list[str], batch: int, seed: int) -> dict:
     """Ceilings measured in this run, in the driver, with nothing else running:
     a single-thread memcpy of one image batch (every row copies each batch at
     least once: the raw gather, torch's collate into shared memory) and one
     isolated native gather of a planned batch per codec (the zstd one is bound
-    by decompression speed)."""
+    by decompression speed; both run on loaderx's pool of all cores)."""
     from loaderx.zrecord import Dense
     from loaderx.zsampler import Sampler
     nbytes = batch * int(np.prod(ITEM))
-    src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
-    out = {"batch_image_bytes": nbytes,
-           "memcpy_s": _median_time(lambda: np.copyto(dst, src), repeats=9)}
-    del src, dst
+    a, b = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+    out = {"batch_image_bytes": nbytes, "memcpy_s": _isolated(lambda: np.copyto(b, a))[0]}
     sampler = Sampler(len(np.load(data["labels"], mmap_mode="r")), batch, mode=2, seed=seed)
     for codec in codecs:
         store = Dense.open(data["stores"] / codec / "image")
-        steps = iter(range(1, 10 ** 6))
-        out[f"gather_{codec}_s"] = _median_time(lambda: store[sampler.batch_at(next(steps))])
+        steps = iter(range(1, 10 ** 6))  # a new planned batch per call, as a loader draws them
+        out[f"gather_{codec}_s"], out[f"gather_{codec}_cpu_s"] = _isolated(
+            lambda store=store, steps=steps: store[sampler.batch_at(next(steps))])
         store.close()
     return out
 
@@ -319,86 +332,107 @@ def physical_limits(data: dict, codecs: list[str], batch: int, seed: int) -> dic
 # =========================================================================== driver
 
 
-def _spec_for(key: str, step: str, base: dict) -> dict:
-    return dict(base, row=key, step=step)
+def cell(res: dict, batch_bytes: int) -> dict:
+    """The numbers one worker run contributes to the table (bench_loader's
+    summary plus CPU per batch, the step alone and, on CUDA, the copy alone)."""
+    out = _bl.summarize(res, batch_bytes)
+    if "error" in out:
+        return out
+    n = len(res["waits_s"])
+    out.update(cpu_ms=res["cpu_s"] / n * 1e3, per_batch_s=res["elapsed_s"] / n, step_s=res["step_s"])
+    if "copy_s" in res:
+        out["copy_s"] = res["copy_s"]
+    return out
 
 
-def run_rows(plan: list[tuple[str, str]], base: dict, data: dict, bz, args) -> dict:
-    """Run every (row, step) in its own worker; return raw results by row/step."""
+def _median_cells(cells: list[dict]) -> dict:
+    bad = next((c for c in cells if "error" in c), None)
+    return bad or {k: float(np.median([c[k] for c in cells])) for k in cells[0]}
+
+
+def run_rows(plan: list[tuple[str, str]], base: dict, data: dict, bz, args) -> tuple[dict, dict]:
+    """Run every (row, step) in its own worker, ``--rounds`` times with the
+    order rotated between rounds (so no row always runs first on a busy box).
+    Returns the raw results and the per-metric median cells, by "row/step"."""
     batch_bytes = args.batch * (int(np.prod(ITEM)) + 8)
-    raw = {}
-    for key, step in plan:
-        warm = [data["stores"]] if key != "torch-npy" else [data["images"], data["labels"]]
-        _bl.warm_files(warm)  # every row starts from a warm page cache
-        t0 = time.perf_counter()
-        spec_path = data["dir"] / f"spec-frameworks-{key}-{step.replace(':', '')}.json"
-        res = _bl.run_worker(sys.executable, _spec_for(key, step, base), spec_path, args.timeout, args.interval)
-        res["load"] = bz._loadavg()
-        res["summary"] = _bl.summarize(res, batch_bytes)
-        raw[f"{key}/{step}"] = res
-        s = res["summary"]
-        if "error" in s:
-            log(f"[frameworks] {key} step={step}: ERROR {s['error']}")
-        else:
-            log(f"[frameworks] {key} step={step}: {s['batches_s']:.1f} batches/s, "
-                f"peak PSS {s['peak_pss']:.0f} MiB ({time.perf_counter() - t0:.1f} s)")
-    return raw
+    raw: dict[str, list] = {}
+    for rnd in range(args.rounds):
+        k = rnd % len(plan)
+        for key, step in plan[k:] + plan[:k]:
+            warm = [data["stores"]] if key != "torch-npy" else [data["images"], data["labels"]]
+            _bl.warm_files(warm)  # every row starts from a warm page cache
+            t0 = time.perf_counter()
+            spec_path = data["dir"] / f"spec-frameworks-{key}-{step.replace(':', '')}.json"
+            res = _bl.run_worker(sys.executable, dict(base, row=key, step=step), spec_path, args.timeout,
+                                 args.interval)
+            res["load"] = bz._loadavg()
+            raw.setdefault(f"{key}/{step}", []).append(res)
+            c = cell(res, batch_bytes)
+            msg = f"ERROR {c['error']}" if "error" in c else (
+                f"{c['batches_s']:.1f} batches/s, peak PSS {c['peak_pss']:.0f} MiB")
+            log(f"[frameworks] round {rnd + 1}/{args.rounds} {key} step={step}: {msg} "
+                f"({time.perf_counter() - t0:.1f} s)")
+    cells = {name: _median_cells([cell(r, batch_bytes) for r in runs]) for name, runs in raw.items()}
+    return raw, cells
 
 
-def _cuda_cells(res: dict, batch_bytes: int) -> str:
-    """H2D GB/s delivered and share of the copy hidden behind the step:
-    (copy + step alone - time per batch with both) / copy, clamped to 0..1."""
-    c = res.get("cuda")
-    if not c:
-        return "n/a | n/a"
-    per_batch = res["elapsed_s"] / len(res["waits_s"])
-    gbs = batch_bytes / per_batch / 1e9
-    hidden = min(1.0, max(0.0, (c["copy_s"] + c["step_s"] - per_batch) / c["copy_s"]))
-    return f"{gbs:.1f} | {hidden:.0%}"
+def _cuda_cells(c: dict, step: str, batch_bytes: int) -> str:
+    """Host-to-device GB/s delivered (and of one pinned copy alone), and the
+    share of the copy hidden behind the step: (copy alone + step alone - time
+    per batch with both) / copy alone, clamped to 0..1. Without a step there
+    is nothing to hide the copy behind."""
+    copy_s = c.get("copy_s")
+    if copy_s is None:
+        return "n/a (CPU) | n/a (CPU)"
+    cells = f"{batch_bytes / c['per_batch_s'] / 1e9:.1f} ({batch_bytes / copy_s / 1e9:.0f})"
+    if step == "none":
+        return cells + " | –"
+    hidden = min(1.0, max(0.0, (copy_s + c["step_s"] - c["per_batch_s"]) / copy_s))
+    return f"{cells} | {hidden:.0%}"
 
 
-def report(raw: dict, plan, limits: dict, header: dict, args) -> tuple[str, bool]:
+def report(raw: dict, cells: dict, plan, limits: dict, header: dict, args) -> tuple[str, bool]:
     f = _bl._fmt
     batch_bytes = args.batch * (int(np.prod(ITEM)) + 8)
     L = [f"## loaderx.torch vs torch.utils.data.DataLoader{' (--quick)' if args.quick else ''}", "",
          "| machine | value |", "|---|---|"]
     L += [f"| {k} | {v} |" for k, v in header.items()]
-    L += ["", f"{args.records:,} records uint8{ITEM} + int64 label; batch {args.batch} "
-          f"({batch_bytes / MiB:.1f} MiB); {args.verify} fully verified + {args.warmup} warm-up batches, then "
-          f"{args.batches} timed; torch sampler: {args.torch_sampler}. Device: {args.device}.", "",
-          "| loader | step | batches/s | MiB/s | p95 wait | peak PSS | CPU s/batch | vs best torch "
-          "(batches/s · peak PSS) | H2D GB/s | copy hidden |",
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    L += ["", (f"{args.records:,} records uint8{ITEM} + int64 label; batch {args.batch} "
+               f"({batch_bytes / MiB:.1f} MiB); {args.verify} fully verified + {args.warmup} warm-up batches, "
+               f"then {args.batches} timed; torch sampler: {args.torch_sampler}; device: {args.device}"
+               f"{f'; every cell is the median of {args.rounds} rounds' if args.rounds > 1 else ''}."), "",
+          ("| loader | step | batches/s | MiB/s | p95 wait | peak PSS | CPU ms/batch | step alone | "
+           "vs best torch (batches/s · peak PSS) | H2D GB/s (copy alone) | copy hidden |"),
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     failed = False
     for step in args.steps:
         keys = [k for k, s in plan if s == step]
-        summaries = {k: raw[f"{k}/{step}"]["summary"] for k in keys}
-        torch_rows = [s for k, s in summaries.items() if ROWS[k][1] and "error" not in s]
-        best = max(torch_rows, key=lambda s: s["batches_s"], default=None)
+        torch_rows = [cells[f"{k}/{step}"] for k in keys if ROWS[k][1] and "error" not in cells[f"{k}/{step}"]]
+        best = max(torch_rows, key=lambda c: c["batches_s"], default=None)
         for key in keys:
-            res, s = raw[f"{key}/{step}"], raw[f"{key}/{step}"]["summary"]
+            s = cells[f"{key}/{step}"]
             if "error" in s:
                 failed = True
                 msg = s["error"].replace("|", "\\|").replace("\n", " ")[:200]
-                L.append(f"| {ROWS[key][0]} | `{step}` | ERROR: {msg} | | | | | | | |")
+                L.append(f"| {ROWS[key][0]} | `{step}` | ERROR: {msg} | | | | | | | | |")
                 continue
             vs = (f"{s['batches_s'] / best['batches_s']:.2f}x · {s['peak_pss'] / best['peak_pss']:.2f}x"
                   if best else "n/a")
-            cpu = res["cpu_s"] / len(res["waits_s"])
+            alone = f"{f(s['step_s'] * 1e3)} ms" if step != "none" else "–"
             L.append(f"| {ROWS[key][0]} | `{step}` | {f(s['batches_s'])} | {f(s['mib_s'])} | "
-                     f"{f(s['p95_ms'])} ms | {f(s['peak_pss'])} MiB | {cpu:.3f} | {vs} | "
-                     f"{_cuda_cells(res, batch_bytes)} |")
+                     f"{f(s['p95_ms'])} ms | {f(s['peak_pss'])} MiB | {f(s['cpu_ms'])} | {alone} | {vs} | "
+                     f"{_cuda_cells(s, step, batch_bytes)} |")
     L.append("")
     m = limits["memcpy_s"]
-    lim = [f"single-thread memcpy of one {limits['batch_image_bytes'] / MiB:.1f} MiB image batch: "
-           f"{m * 1e3:.1f} ms = {limits['batch_image_bytes'] / MiB / m:,.0f} MiB/s ({1 / m:.0f} batches/s)"]
+    lim = [(f"single-thread memcpy of one {limits['batch_image_bytes'] / MiB:.1f} MiB image batch: "
+            f"{m * 1e3:.1f} ms = {limits['batch_image_bytes'] / MiB / m:,.0f} MiB/s ({1 / m:.0f} batches/s)")]
     for codec in args.codecs:
-        g = limits[f"gather_{codec}_s"]
-        lim.append(f"isolated native gather of one planned batch, {codec} store: {g * 1e3:.1f} ms "
-                   f"({1 / g:.0f} batches/s)")
+        g, c = limits[f"gather_{codec}_s"], limits[f"gather_{codec}_cpu_s"]
+        lim.append(f"isolated native gather of one planned image batch, {codec} store: {g * 1e3:.1f} ms "
+                   f"({1 / g:.0f} batches/s; {c * 1e3:.0f} ms CPU, i.e. {c / g:.1f} cores busy)")
     L += ["**Limits measured in this run** (driver process, nothing else running): " + "; ".join(lim) + ".", ""]
     L.append("Load average (1/5/15 min) after each row: "
-             + ", ".join(f"{k} {v['load']}" for k, v in raw.items()) + ".")
+             + ", ".join(f"{k} {'; '.join(r['load'] for r in v)}" for k, v in raw.items()) + ".")
     return "\n".join(L), failed
 
 
@@ -430,7 +464,8 @@ def parse_args(argv):
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--workers", type=int, default=2, help="num_workers of the torch DataLoader rows")
     p.add_argument("--rows", default=",".join(ROWS), help=f"subset of {','.join(ROWS)}")
-    p.add_argument("--steps", default="none,mean", help="step stubs: none, mean, sleep:MS (default none,mean)")
+    p.add_argument("--steps", default="none,sleep:20,mean",
+                   help="step stubs: none, mean, sleep:MS (default none,sleep:20,mean)")
     p.add_argument("--step-threads", type=int, default=1, help="torch intra-op threads for the step (default 1)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--torch-sampler", choices=("shuffle", "plan"), default="shuffle",
@@ -441,6 +476,8 @@ def parse_args(argv):
                    help="data directory, shared with bench_loader.py")
     p.add_argument("--out", type=Path, default=REPO / "bench-out" / "frameworks",
                    help="where the markdown report and the JSON dump go")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every row N times, rotating the order, and report per-metric medians (default 1)")
     p.add_argument("--interval", type=float, default=0.05, help="memory sampling period in seconds")
     p.add_argument("--timeout", type=float, default=600, help="per-row timeout in seconds")
     p.add_argument("--regenerate", action="store_true")
@@ -453,6 +490,8 @@ def parse_args(argv):
     args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     args.steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     args.codecs = sorted({r[len("ours-"):] for r in args.rows if r.startswith("ours-")} | {"raw"})
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
     if not args.rows or any(r not in ROWS for r in args.rows):
         p.error(f"--rows: choose from {','.join(ROWS)}")
     for s in args.steps:
@@ -480,15 +519,15 @@ def main(argv=None) -> int:
             "verify": args.verify, "seed": 42, "workers": args.workers, "device": args.device,
             "torch_sampler": args.torch_sampler, "step_threads": args.step_threads}
     plan = [(key, step) for step in args.steps for key in args.rows]
-    raw = run_rows(plan, base, data, bz, args)
+    raw, cells = run_rows(plan, base, data, bz, args)
     limits = physical_limits(data, args.codecs, args.batch, 42)
-    text, failed = report(raw, plan, limits, header, args)
+    text, failed = report(raw, cells, plan, limits, header, args)
     print(text, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / ("quick" if args.quick else "full")
     stem.with_suffix(".md").write_text(text + "\n")
     stem.with_suffix(".json").write_text(json.dumps(
-        {"header": header, "limits": limits, "results": raw,
+        {"header": header, "limits": limits, "cells": cells, "results": raw,
          "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}, indent=1))
     log(f"[frameworks] report and raw numbers written to {stem}.md / {stem}.json")
     return 1 if failed else 0
