@@ -285,9 +285,9 @@ def test_unequal_lengths_are_refused(streams, tmp_path):
     with Dense.create(tmp_path / "short", np.int64, ()) as w:
         w.append(np.arange(N - 1, dtype=np.int64))
     with Dense.open(tmp_path / "short") as short:
-        with pytest.raises(ValueError, match="length"):
+        with pytest.raises(ValueError, match="same number of records"):
             DataLoader({"id": streams["id"], "short": short})
-        with pytest.raises(ValueError, match="length"):
+        with pytest.raises(ValueError, match="same number of records"):
             DataLoader({"short": short, "tokens": streams["tokens"]})
 
 

@@ -50,7 +50,7 @@ def test_a_set_reads_like_one_store(tmp_path, codec):
         np.testing.assert_array_equal(ds[24:27], data[24:27])
         np.testing.assert_array_equal(ds[102], data[102])
         np.testing.assert_array_equal(np.stack(list(ds)), data)
-        with pytest.raises(IndexError, match="index 103 is out of range for a store of 103 records"):
+        with pytest.raises(IndexError, match="record index out of range for container of length 103: index 103"):
             ds[[1, 103]]
     # Each shard is an ordinary store.
     with Dense.open(path / "shard-000004") as shard:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ZrecordError"]
+__all__ = ["ZrecordError", "ArgumentTypeError"]
 
 
 class ZrecordError(RuntimeError):
@@ -33,3 +33,9 @@ class ZrecordError(RuntimeError):
 
     def __reduce__(self):  # keep the code across pickling (e.g. to a parent process)
         return (type(self), (str(self), self.code))
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type where loaderx 2.0.0 raises TypeError but
+    the API contract promises ValueError (e.g. ``DataLoader(None)``): both
+    ``except TypeError`` and ``except ValueError`` catch it."""

@@ -9,6 +9,7 @@ resumes exactly from one integer, ``loader.step``.
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 import weakref
@@ -16,6 +17,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from loaderx import _native
 from loaderx._distributed import distributed_shard
+from loaderx._errors import ArgumentTypeError
 from loaderx.zrecord import Dense, Ragged, _Store
 
 __all__ = ["DataLoader", "identity", "distributed_shard"]
@@ -47,16 +49,24 @@ def _positive_int(name: str, value: Any) -> int:
             else:
                 raise TypeError
         except TypeError:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+            raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
     if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
+        raise ValueError(f"{name} must be positive, got {value}")
     return int(value)
 
 
+def _integer(name: str, value: Any) -> int:
+    """``value`` as an int; TypeError (in Python's, and 2.0.0's, words) otherwise."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, not bool")
+    try:
+        return operator.index(value)
+    except TypeError as e:
+        raise TypeError(f"{e}: {name} must be an int") from None
+
+
 def _u64(name: str, value: Any, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    value = value.__index__()
+    value = _integer(name, value)
     if not minimum <= value < 2**64:
         raise ValueError(f"{name} must be in {minimum}..2^64-1, got {value}")
     return value
@@ -130,28 +140,45 @@ class DataLoader:
         packed: bool | Iterable[str] = False,
     ) -> None:
         self._closed = True  # until fully started, so close() is safe
-        if not isinstance(streams, Mapping) or len(streams) == 0:
-            raise ValueError("streams must be a non-empty dict of opened Dense/Ragged stores")
+        # Checked in loaderx 2.0.0's order, with its messages first (#14).
+        if not isinstance(streams, Mapping):
+            try:  # like 2.0.0, which takes whatever dict() takes
+                streams = dict(streams)
+            except (TypeError, ValueError) as e:
+                # 2.0.0 raises TypeError for a non-iterable, the contract ValueError: both.
+                cls = ArgumentTypeError if isinstance(e, TypeError) else ValueError
+                raise cls(f"{e}: streams must be a dict of opened Dense/Ragged stores") from None
+        if len(streams) == 0:
+            raise ValueError("need at least one stream: streams must be a non-empty dict of opened stores")
+        refused = {}
         for name, store in streams.items():
             if not isinstance(store, _Store):
-                raise ValueError(
-                    f"stream {name!r} is a {type(store).__name__}, not an opened Dense or Ragged store"
-                )
-            if store.writable:
-                raise ValueError(f"stream {name!r} is a writer; close it and pass Dense/Ragged.open(path)")
-            if store.closed:
-                raise ValueError(f"stream {name!r} is closed")
+                refused[name] = f"{name!r} is of type {type(store).__name__}, not a store"
+            elif store.writable:
+                refused[name] = f"{name!r} is a writer; close it and pass Dense/Ragged.open(path)"
+            elif store.closed:
+                refused[name] = f"{name!r} is closed"
+        if refused:
+            raise ValueError(
+                f"DataLoader streams must be opened for reading: {list(refused)} "
+                f"({'; '.join(refused.values())})"
+            )
         lengths = {name: len(store) for name, store in streams.items()}
         if len(set(lengths.values())) != 1:
-            raise ValueError(f"all streams must have the same length, got {lengths}")
-        if next(iter(lengths.values())) == 0:
-            raise ValueError("the streams are empty")
+            raise ValueError(f"all streams must hold the same number of records, got {lengths}")
         self._transform_workers = _positive_int("transform_workers", transform_workers)
         self._prefetch_size = _positive_int("prefetch_size", prefetch_size)
+        # Types before values, as 2.0.0's sampler takes them.
+        batch_size, mode, seed = (
+            _integer("batch_size", batch_size), _integer("mode", mode), _integer("seed", seed)
+        )
+        if next(iter(lengths.values())) == 0:
+            raise ValueError("length must be in 1..2^64-1: the streams hold no records")
         self._batch_size = _u64("batch_size", batch_size, minimum=1)
-        mode = _u64("mode", mode)
         if mode not in (0, 1, 2):
-            raise ValueError(f"mode must be 0 (sequential), 1 (iid) or 2 (cyclic), got {mode}")
+            raise ValueError(
+                f"mode must be Sampler.Mode.SEQUENTIAL, IID, or CYCLIC: 0, 1 or 2, got {mode}"
+            )
         self._mode = mode
         self._seed = _u64("seed", seed)
         self._shard_count = _u64("shard_count", shard_count, minimum=1)

@@ -90,60 +90,104 @@ def _stored_dtype(dt: np.dtype) -> str:
     return stored
 
 
+# Argument errors start with loaderx 2.0.0's message, word for word, so code
+# (and tests) matching on it keep working; our detail follows it. The checks
+# of ``create`` run in 2.0.0's order too: path, dtype, dictionary presence,
+# item_shape, codec name, dictionary type (tests/test_errors_parity.py).
+
+
 def _check_dtype(dtype: Any) -> np.dtype:
     dt = _ml_dtype(dtype) if isinstance(dtype, str) and dtype in ML_DTYPES else np.dtype(dtype)
     if dt.fields is not None:
-        raise ValueError(f"structured dtypes are not supported: {dt}")
+        raise ValueError(f"structured dtypes are not supported: got {dt}")
     if dt.subdtype is not None:
-        raise ValueError(f"subarray dtypes are not supported: {dt}")
+        raise ValueError(f"subarray dtypes are not supported; put dimensions in the shape (got {dt})")
+    if dt.metadata is not None:  # even an empty metadata dict, as in 2.0.0
+        raise ValueError(f"dtype metadata is not supported: got {dt!r} with {dict(dt.metadata)!r}")
     if dt.hasobject:
-        raise ValueError(f"object dtypes are not supported: {dt}")
-    if dt.metadata:
-        raise ValueError(f"dtypes carrying metadata are not supported: {dt!r}")
-    if dt.itemsize == 0:
-        raise ValueError(f"dtype {dt} has no size; give one, e.g. 'S8' or 'U4'")
+        raise ValueError(
+            f"object dtypes cannot be persisted: records are stored as raw bytes, got {dt}"
+        )
     _stored_dtype(dt)  # refused now, before anything is written, if it would not read back
     return dt
 
 
+def _check_itemsize(dt: np.dtype) -> None:
+    """Refuses a zero-size dtype (``S0``, ``U0``, ``V0``) for a Ragged store,
+    which could never hold a record; checked after every check 2.0.0 makes
+    (Dense stores report it as a zero record width instead)."""
+    if dt.itemsize == 0:
+        raise ValueError(f"dtype {dt} has no size; give one, e.g. 'S8' or 'U4'")
+
+
 def _check_item_shape(item_shape: Any, dtype: np.dtype) -> tuple[int, ...]:
     # Every item_shape problem is a ValueError, as in loaderx 2.0.0.
-    if isinstance(item_shape, (str, bytes)) or not hasattr(item_shape, "__iter__"):
-        raise ValueError(
-            f"item_shape must be an iterable of non-negative ints, got {item_shape!r}"
-        )
-    dims = list(item_shape)
+    try:
+        dims = tuple(item_shape)
+    except TypeError:
+        raise ValueError(f"item_shape must be an iterable of integers, got {item_shape!r}") from None
+    if isinstance(item_shape, (bytes, bytearray)):
+        # 2.0.0 reads b"ab" as the shape (97, 98); a bytes object is never a shape.
+        raise ValueError(f"item_shape dimensions must be integers, got the bytes object {item_shape!r}")
     shape = []
-    for d in dims:
-        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
-            raise ValueError(f"item_shape entries must be ints, got {d!r} in {tuple(dims)}")
-        if d < 0:
-            raise ValueError(f"item_shape entries must be non-negative, got {tuple(dims)}")
-        shape.append(int(d))
+    for d in dims:  # each dimension in turn, type before sign, as 2.0.0 reports them
+        try:
+            if isinstance(d, (bool, np.bool_)):
+                raise TypeError
+            size = operator.index(d)
+        except TypeError:
+            raise ValueError(f"item_shape dimensions must be integers, got {d!r} in {dims}") from None
+        if size < 0:
+            raise ValueError(f"item_shape dimensions must be non-negative, got {dims}")
+        shape.append(size)
     width = dtype.itemsize
     for d in shape:
         width *= d
     if not 1 <= width <= _MAX_RECORD_BYTES:
         raise ValueError(
-            f"a record of shape {tuple(shape)} and dtype {dtype} is {width} bytes; "
-            "records must be 1..2^31 bytes"
+            f"dense record width {width} is outside the native limit: a record of shape "
+            f"{tuple(shape)} and dtype {dtype} is {width} bytes; records must be 1..2^31 bytes"
         )
     return tuple(shape)
 
 
-def _check_codec(codec: str, dict_bytes: Any) -> bytes | None:
-    if codec not in CODECS:
-        raise ValueError(f"unknown codec {codec!r}: expected one of {', '.join(CODECS)}")
+def _no_dict(dict_bytes: Any) -> bool:
+    """Whether ``dict_bytes`` gives no dictionary: None, an empty bytes-like
+    object, or (not bytes-like at all) a false value, as 2.0.0 reads it."""
+    if dict_bytes is None:
+        return True
+    try:
+        return memoryview(dict_bytes).nbytes == 0
+    except TypeError:
+        return not dict_bytes  # wrong types are refused later, by _check_codec
+
+
+def _check_dict_use(codec: Any, dict_bytes: Any) -> None:
+    """The dictionary checks 2.0.0 makes before item_shape: ``zstd_dict``
+    needs one, every other codec (known or not) refuses one."""
     if codec == "zstd_dict":
-        if dict_bytes is None or len(dict_bytes) == 0:
+        if _no_dict(dict_bytes):
             raise ValueError(
-                "codec 'zstd_dict' needs non-empty dict_bytes: train them with "
-                "loaderx.utils.train_dict"
+                "creating a zstd_dict store requires non-empty dict_bytes from train_dict "
+                "(loaderx.utils.train_dict)"
             )
-        return bytes(dict_bytes)
-    if dict_bytes is not None:
-        raise ValueError(f"dict_bytes is only used with codec 'zstd_dict', not {codec!r}")
-    return None
+    elif dict_bytes is not None:
+        raise ValueError(f"dict_bytes requires codec='zstd_dict', got codec={codec!r}")
+
+
+def _check_codec(codec: Any, dict_bytes: Any) -> bytes | None:
+    if codec not in CODECS:
+        raise ValueError(f"unknown codec {codec!r}, expected one of {list(CODECS)}")
+    _check_dict_use(codec, dict_bytes)
+    if dict_bytes is None:
+        return None
+    try:
+        return bytes(memoryview(dict_bytes))
+    except TypeError:
+        raise TypeError(
+            f"a bytes-like object is required, not {type(dict_bytes).__name__!r}: dict_bytes "
+            "takes the bytes train_dict returns"
+        ) from None
 
 
 def _is_url(path: str) -> bool:
@@ -157,6 +201,8 @@ def _location(path: PathLike) -> tuple[str, pathlib.Path | str]:
     ``pathlib.Path`` for local stores, the URL itself for object storage."""
     text = os.fspath(path)
     if not isinstance(text, str):
+        # pathlib refuses a bytes path with 2.0.0's words.
+        pathlib.PurePath(text)
         raise TypeError(f"a store path must be a str or os.PathLike[str], got {type(path).__name__}")
     if _is_url(text):
         return text, text
@@ -204,13 +250,18 @@ def _shard_limit(name: str, value: Any) -> int | None:
 
 def _slice_indices(key: slice, n: int) -> np.ndarray:
     bounds = []
-    for b in (key.start, key.stop):
-        if b is not None:
-            b = operator.index(b)
-            if b < 0:
-                raise IndexError(f"slice bounds must be non-negative, got {key}")
-        bounds.append(b)
-    step = 1 if key.step is None else operator.index(key.step)
+    try:
+        for b in (key.start, key.stop):
+            if b is not None:
+                b = operator.index(b)
+                if b < 0:
+                    raise IndexError(f"negative record indices are not supported: got {key}")
+            bounds.append(b)
+        step = 1 if key.step is None else operator.index(key.step)
+    except TypeError:
+        raise TypeError(
+            f"slice indices must be integers or None or have an __index__ method, got {key}"
+        ) from None
     if step == 0:
         raise ValueError("slice step cannot be zero")
     return np.arange(*slice(bounds[0], bounds[1], step).indices(n), dtype=np.int64)
@@ -222,7 +273,8 @@ def _index_array(key: Any, n: int) -> np.ndarray:
     Takes what loaderx 2.0.0 takes: slices, ranges, lists and tuples, NumPy
     arrays and array-likes (pandas ``Series``/``Index``, anything with
     ``__array__``); an int is a set of one (``__getitems__``), a 0-d array a
-    batch of one, an empty key of any dtype selects nothing, and a
+    batch of one, an empty key selects nothing (an empty boolean array is a
+    mask, so only for an empty store), and a
     multi-dimensional index array selects its entries in C order.
     """
     if isinstance(key, slice):
@@ -230,15 +282,17 @@ def _index_array(key: Any, n: int) -> np.ndarray:
     if isinstance(key, range):
         return np.arange(key.start, key.stop, key.step, dtype=np.int64)
     if isinstance(key, (bool, np.bool_)):
-        raise TypeError("a bool is not a record index")
+        raise TypeError(_BOOL_KEY)
     if isinstance(key, (int, np.integer)):
+        if not _INT64_MIN <= key <= _INT64_MAX:
+            raise _out_of_range(n, int(key))
         return np.array([int(key)], dtype=np.int64)
     if isinstance(key, (list, tuple)):
         if len(key) == 0:
             return np.empty(0, dtype=np.int64)
         for k in key:
             if isinstance(k, (float, str, bytes, slice)) or k is None:
-                raise TypeError(f"record indices must be integers, got {k!r}")
+                raise TypeError(f"{_NOT_INTEGERS}: got {k!r}")
         arr = np.asarray(key)
     elif isinstance(key, np.ndarray):
         arr = key
@@ -246,36 +300,60 @@ def _index_array(key: Any, n: int) -> np.ndarray:
         arr = np.asarray(key)
     else:
         raise TypeError(
-            "records are selected by an int, a slice, a range, a list or tuple of ints, an "
-            f"integer array or array-like, or a boolean mask, not {type(key).__name__}"
+            f"{_NOT_INTEGERS}: records are selected by an int, a slice, a range, a list or "
+            "tuple of ints, an integer array or array-like, or a boolean mask, not "
+            f"{type(key).__name__}"
         )
-    if arr.size == 0:
-        return np.empty(0, dtype=np.int64)
+    # A boolean array is a mask even when empty: it must have the store's length.
     if arr.dtype == np.bool_:
         if arr.ndim != 1 or arr.shape[0] != n:
             raise IndexError(
-                f"a boolean mask must be 1-D with exactly {n} entries, got shape {arr.shape}"
+                f"boolean mask must be one-dimensional with length {n}, got shape {arr.shape}"
             )
         return np.flatnonzero(arr)
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int64)
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"record indices must be integers, got dtype {arr.dtype}")
+        raise TypeError(f"{_NOT_INTEGERS}: got dtype {arr.dtype}")
     arr = arr.reshape(-1)
     if arr.dtype.kind == "u" and int(arr.max()) >= n:
-        raise IndexError(f"index {int(arr.max())} is out of range for a store of {n} records")
+        raise _out_of_range(n, int(arr.max()))
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
 def _scalar_index(key: Any) -> int | None:
     """The record index of an int-like key, None for record-set keys."""
     if isinstance(key, (bool, np.bool_)):
-        raise TypeError("a bool is not a record index")
+        raise TypeError(_BOOL_KEY)
     if isinstance(key, (int, np.integer)):
         return int(key)
     # A 0-d array is a record-set key, as in loaderx 2.0.0: an integer one
     # selects a batch of one, a boolean one is a mask of the wrong shape.
     if isinstance(key, (float, str, bytes)) or key is None:
-        raise TypeError(f"record indices must be integers, got {key!r}")
+        raise TypeError(f"{_NOT_INTEGERS}: got {key!r}")
     return None
+
+
+# loaderx 2.0.0's index error messages (ours add the offending key after them).
+_NOT_INTEGERS = "indices must be integers or a bool mask"
+_BOOL_KEY = "a boolean scalar is not a record index or mask"
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _out_of_range(n: int, index: int) -> IndexError:
+    return IndexError(f"record index out of range for container of length {n}: index {index}")
+
+
+def _gathering(n: int, idx: np.ndarray, gather: Any, *args: Any) -> Any:
+    """``gather(idx, *args)``, with the engine's range error (it checks every
+    index before reading any) restated in 2.0.0's words."""
+    try:
+        return gather(idx, *args)
+    except IndexError:
+        bad = idx[(idx < 0) | (idx >= n)]
+        if bad.size == 0:  # not a range error after all
+            raise
+        raise _out_of_range(n, int(bad[0])) from None
 
 
 class _Store:
@@ -289,8 +367,8 @@ class _Store:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         name = type(self).__name__
         raise TypeError(
-            f"{name} is not constructed directly: use {name}.open(path) to read a store "
-            f"or {name}.create(path, ...) to build one"
+            f"use {name}.open(...) or {name}.create(...): {name}.open(path) reads a store, "
+            f"{name}.create(path, ...) builds one"
         )
 
     @classmethod
@@ -307,6 +385,11 @@ class _Store:
         checksums: bool = True,
     ) -> _S:
         text, shown = _location(path)
+        if isinstance(shown, pathlib.Path) and shown.exists() and not shown.is_dir():
+            # 2.0.0 reports this as the I/O failure (-2) of making the directory.
+            raise ZrecordError(
+                f"file I/O failed: {str(shown)!r} exists and is not a directory", ZrecordError.IO
+            )
         if not isinstance(checksums, bool):
             raise TypeError(f"checksums must be a bool, got {checksums!r}")
         records = _shard_limit("shard_records", shard_records)
@@ -390,7 +473,7 @@ class _Store:
         so far."""
         handle = self._writer if self._writer is not None else self._reader
         if handle is None or handle.closed:
-            raise RuntimeError(f"{self._describe()} is closed")
+            raise self._closed_error()
         return [
             {"path": p, "records": n, "data_bytes": b} for p, n, b in handle.shards()
         ]
@@ -442,7 +525,7 @@ class _Store:
     def __len__(self) -> int:
         handle = self._writer if self._writer is not None else self._reader
         if handle is None or handle.closed:
-            raise RuntimeError(f"{self._describe()} is closed")
+            raise self._closed_error()
         return len(handle)
 
     # -- lifecycle ----------------------------------------------------------
@@ -521,24 +604,29 @@ class _Store:
     def _repr_extra(self) -> str:
         return ""
 
+    def _closed_error(self) -> RuntimeError:
+        return RuntimeError(f"Container is closed ({self._describe()})")
+
+    # A closed store reports being closed before its role, as in 2.0.0.
     def _require_reader(self) -> Any:
+        if self.closed:
+            raise self._closed_error()
         if self._writer is not None:
             raise RuntimeError(
-                f"{self._describe()} was made by .create() and cannot be read; "
-                f"close it, then read it with {type(self).__name__}.open(path)"
+                f"read requires a container returned by open(): {self._describe()} was "
+                f"made by .create(); close it, then read it with {type(self).__name__}.open(path)"
             )
-        if self._reader is None or self._reader.closed:
-            raise RuntimeError(f"{self._describe()} is closed")
         return self._reader
 
     def _require_writer(self) -> Any:
+        if self.closed:
+            raise self._closed_error()
         if self._reader is not None:
             raise RuntimeError(
-                f"{self._describe()} came from .open() and is read-only; build a new "
-                f"store with {type(self).__name__}.create(path, ...) to add records"
+                f"append requires a container returned by create(): {self._describe()} came "
+                f"from .open() and is read-only; build a new store with "
+                f"{type(self).__name__}.create(path, ...) to add records"
             )
-        if self._writer is None or self._writer.closed:
-            raise RuntimeError(f"{self._describe()} is closed")
         return self._writer
 
     # -- reads --------------------------------------------------------------
@@ -551,7 +639,7 @@ class _Store:
         if i is None:
             return None, _index_array(key, n)
         if not 0 <= i < n:
-            raise IndexError(f"index {i} is out of range for a store of {n} records")
+            raise _out_of_range(n, i)
         return i, None
 
     def __getitem__(self, key: Index) -> Any:
@@ -621,7 +709,9 @@ class Dense(_Store):
         zstd frames carry zstd's own, which every reader (loaderx 2.0.0's
         too) verifies when it decodes; raw stores get a ``sums.zr`` sidecar
         that loaderx 2.0.0 ignores. See :attr:`checksums`."""
+        os.fspath(path)  # a path of the wrong type is reported first, as in 2.0.0
         dt = _check_dtype(dtype)
+        _check_dict_use(codec, dict_bytes)
         shape = _check_item_shape(item_shape, dt)
         blob = _check_codec(codec, dict_bytes)
         self = cls._writer_of(
@@ -670,29 +760,26 @@ class Dense(_Store):
         writer = self._require_writer()
         if not isinstance(batch, np.ndarray):
             raise TypeError(
-                f"Dense.append takes a numpy.ndarray, got {type(batch).__name__} "
+                f"dense append requires a numpy array, got {type(batch).__name__} "
                 "(convert it with numpy.asarray first)"
             )
         if batch.dtype != self._dtype:
-            raise ValueError(f"batch dtype {batch.dtype} does not match the store dtype {self._dtype}")
+            raise ValueError(f"dense append dtype {batch.dtype} != store dtype {self._dtype}")
         if batch.ndim == 0:
-            if self._item_shape != ():
-                raise ValueError(
-                    f"a 0-d array is one scalar record, but records have shape {self._item_shape}"
-                )
+            # One scalar record: 2.0.0 reports its shape as (1,).
             batch = batch.reshape(1)
-        elif batch.shape[1:] != self._item_shape:
+        if batch.shape[1:] != self._item_shape:
             raise ValueError(
-                f"batch of shape {batch.shape} does not hold records of shape {self._item_shape}; "
-                "expected (n, *item_shape) (add a leading axis for a single record)"
+                f"dense append shape {batch.shape} != (batch, *{self._item_shape}): records "
+                f"have shape {self._item_shape} (add a leading axis for a single record)"
             )
         if batch.shape[0] == 0:
-            raise ValueError("cannot append an empty batch")
+            raise ValueError("append needs at least one record, got an empty batch")
         flat = np.ascontiguousarray(batch).reshape(-1).view(np.uint8)
         writer.append_dense(flat)
 
     def _gather(self, reader: Any, idx: np.ndarray) -> np.ndarray:
-        return reader.gather_dense_array(idx, self._dtype)
+        return _gathering(len(reader), idx, reader.gather_dense_array, self._dtype)
 
     def _gather_one(self, reader: Any, i: int) -> Any:
         # Like NumPy indexing (and loaderx 2.0.0): a record of a scalar store
@@ -728,8 +815,11 @@ class Ragged(_Store):
         an empty object-storage prefix) and returns its append-only writer
         (``shard_records``, ``shard_bytes``, ``storage_options`` and
         ``checksums`` as for :meth:`Dense.create`)."""
+        os.fspath(path)  # a path of the wrong type is reported first, as in 2.0.0
         dt = _check_dtype(dtype)
+        _check_dict_use(codec, dict_bytes)
         blob = _check_codec(codec, dict_bytes)
+        _check_itemsize(dt)
         return cls._writer_of(
             path, dt, None, codec, blob, shard_records, shard_bytes, storage_options, checksums
         )
@@ -754,15 +844,17 @@ class Ragged(_Store):
         record is valid."""
         writer = self._require_writer()
         if isinstance(records, np.ndarray) and records.ndim == 0:
-            raise TypeError("Ragged.append takes an iterable of arrays; wrap a single record in a list")
+            raise TypeError(
+                "iteration over a 0-d array: Ragged.append takes an iterable of arrays; "
+                "wrap a single record in a list"
+            )
         try:
             items = list(records)
-        except TypeError:
-            raise TypeError(
-                f"Ragged.append takes an iterable of numpy.ndarray, got {type(records).__name__}"
-            ) from None
+        except TypeError as e:
+            # Python's own words first ("'int' object is not iterable"), as in 2.0.0.
+            raise TypeError(f"{e}: Ragged.append takes an iterable of numpy.ndarray") from None
         if not items:
-            raise ValueError("cannot append an empty batch")
+            raise ValueError("append needs at least one record, got an empty iterable")
         writer.append_ragged(items, self._dtype)
 
     def gather_packed(self, key: Index) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -778,12 +870,12 @@ class Ragged(_Store):
         i, idx = self._resolve(reader, key)
         if idx is None:
             idx = np.array([i], dtype=np.int64)
-        return reader.gather_packed(idx, self._dtype)
+        return _gathering(len(reader), idx, reader.gather_packed, self._dtype)
 
     def _gather(self, reader: Any, idx: np.ndarray) -> list[np.ndarray]:
         if idx.shape[0] == 0:
             return []
-        return reader.gather_ragged(idx, self._dtype)
+        return _gathering(len(reader), idx, reader.gather_ragged, self._dtype)
 
     def _gather_one(self, reader: Any, i: int) -> np.ndarray:
         return reader.gather_ragged(np.array([i], dtype=np.int64), self._dtype)[0]

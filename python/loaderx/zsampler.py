@@ -32,22 +32,25 @@ _U64_MAX = (1 << 64) - 1
 
 
 def _integer(name: str, value: object) -> int:
-    """``value`` as a Python int; bools and non-integers raise TypeError."""
-    if isinstance(value, (bool, np.bool_)):
+    """``value`` as a Python int; bools and non-integers raise TypeError.
+
+    The message starts with Python's own (``'float' object cannot be
+    interpreted as an integer``), which is what loaderx 2.0.0 raises.
+    """
+    if isinstance(value, bool):
+        # 2.0.0 takes True as 1; a bool here is a mistake (docs/compatibility.md).
         raise TypeError(f"{name} must be an integer, not bool")
     try:
         return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"{name} must be an integer, not {type(value).__name__}"
-        ) from None
+    except TypeError as e:
+        raise TypeError(f"{e}: {name} must be an integer") from None
 
 
 def _u64(name: str, value: object, low: int) -> int:
     """An integer in ``low..2**64-1``; outside that range raises ValueError."""
     number = _integer(name, value)
     if not low <= number <= _U64_MAX:
-        raise ValueError(f"{name} must be in {low}..2**64-1, got {number}")
+        raise ValueError(f"{name} must be in {low}..2^64-1, got {number}")
     return number
 
 
@@ -95,12 +98,16 @@ class Sampler:
         mode: Sampler.Mode | int,
         seed: int = 42,
     ) -> None:
+        # Every type first, then every range, in 2.0.0's order (and words).
+        length, batch_size, mode, seed = (
+            _integer("length", length), _integer("batch_size", batch_size),
+            _integer("mode", mode), _integer("seed", seed),
+        )
         length = _u64("length", length, 1)
         batch_size = _u64("batch_size", batch_size, 1)
-        mode = _integer("mode", mode)
         if mode not in (0, 1, 2):
             raise ValueError(
-                f"mode must be Sampler.Mode.SEQUENTIAL (0), IID (1) or CYCLIC (2), got {mode}"
+                f"mode must be Sampler.Mode.SEQUENTIAL, IID, or CYCLIC: 0, 1 or 2, got {mode}"
             )
         seed = _u64("seed", seed, 0)
         native = _native.Sampler(length, batch_size, mode, seed)

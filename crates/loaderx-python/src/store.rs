@@ -46,7 +46,7 @@ fn parse_kind(kind: &str) -> PyResult<Kind> {
 }
 
 fn closed_error(what: &str) -> PyErr {
-    PyRuntimeError::new_err(format!("{what} is closed"))
+    PyRuntimeError::new_err(format!("Container is closed ({what})"))
 }
 
 /// Writes the manifest of a set whose shards (`(path, records,
@@ -204,14 +204,14 @@ impl WriterHandle {
                     .map(|s| s.to_string())
                     .unwrap_or_else(|_| "?".into());
                 PyTypeError::new_err(format!(
-                    "Ragged.append takes an iterable of numpy.ndarray; item {pos} is {type_name} \
+                    "ragged records must be numpy arrays: item {pos} is {type_name} \
                      (convert it with numpy.asarray first)"
                 ))
             })?;
             let item_dtype = array.dtype();
             if !item_dtype.is_equiv_to(dtype) {
                 return Err(PyValueError::new_err(format!(
-                    "item {pos} has dtype {} but the store holds {}",
+                    "ragged record dtype {} != store dtype {} (item {pos})",
                     item_dtype.str()?,
                     dtype.str()?
                 )));

@@ -18,7 +18,7 @@ pub enum Error {
     #[error("out of memory: {0}")]
     OutOfMemory(String),
     /// An operating-system I/O call failed (code -2).
-    #[error("I/O failed while {context}: {source}")]
+    #[error("file I/O failed while {context}: {source}")]
     Io {
         /// What the engine was doing.
         context: String,
@@ -40,22 +40,22 @@ pub enum Error {
     #[error("buffer too small: {0}")]
     BufferTooSmall(String),
     /// A stored record failed to decode or has the wrong size (code -7).
-    #[error("corrupt record: {0}")]
+    #[error("stored record failed to decode: {0}")]
     Corrupt(String),
     /// The store's files do not follow the format (code -8).
-    #[error("invalid store format: {0}")]
+    #[error("invalid or unsupported zrecord store format: {0}")]
     InvalidFormat(String),
     /// zstd's dictionary trainer failed (code -9).
-    #[error("dictionary training failed: {0}")]
+    #[error("zstd dictionary training failed (too few or too small samples): {0}")]
     DictTraining(String),
     /// A store already exists where one was to be created (code -12).
     #[error("store already exists: {0}")]
     AlreadyExists(String),
     /// Another handle holds a conflicting lock on the store (code -13).
-    #[error("store is busy: {0}")]
+    #[error("store is busy (already open by another native handle or process): {0}")]
     Busy(String),
     /// No store at the given path.
-    #[error("no store at {}: {reason}", path.display())]
+    #[error("native store not found: no store at {}: {reason}", path.display())]
     NotFound {
         /// The path that was opened.
         path: PathBuf,

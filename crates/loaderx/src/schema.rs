@@ -233,8 +233,8 @@ impl Schema {
             Ok(n) => n,
             Err(_) if !bytes.is_empty() && bytes[0] != 0xc1 => {
                 return Err(Error::Schema(format!(
-                    "invalid schema fields for a {} store: the schema is not a map",
-                    kind.name()
+                    "{}: the schema is not a map",
+                    schema_fields_prefix(kind)
                 )))
             }
             Err(_) => return Err(malformed("expected a map at the top level")),
@@ -309,14 +309,19 @@ impl Schema {
     }
 }
 
+/// loaderx 2.0.0's words for a schema that does not have exactly the
+/// kind's fields; the engine's details follow them.
+pub(crate) fn schema_fields_prefix(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Dense => "invalid dense schema fields, expected ['dtype', 'item_shape']",
+        Kind::Ragged => "invalid ragged schema fields, expected ['dtype']",
+    }
+}
+
 fn schema_fields_error(kind: Kind, found: &[String]) -> Error {
-    let expected = match kind {
-        Kind::Dense => "[\"dtype\", \"item_shape\"]",
-        Kind::Ragged => "[\"dtype\"]",
-    };
     Error::Schema(format!(
-        "invalid schema fields for a {} store: expected exactly {expected}, found {found:?}",
-        kind.name()
+        "{}: the store has {found:?}",
+        schema_fields_prefix(kind)
     ))
 }
 

@@ -57,7 +57,7 @@ impl RaggedRecord<'_> {
         }
         if self.payload.is_empty() {
             return Err(Error::InvalidArgument(format!(
-                "record {position}: zero-byte records cannot be stored (shape {:?})",
+                "empty records are not stored — a record must be non-empty: record {position} has shape {:?}",
                 self.shape
             )));
         }

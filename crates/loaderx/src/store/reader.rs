@@ -184,8 +184,8 @@ fn unfinished_set_hint(dir: &Path) -> Option<Error> {
 fn kind_of_manifest(m: &Manifest, kind: Kind, where_: &str) -> Result<()> {
     if m.kind() != kind {
         return Err(Error::Schema(format!(
-            "invalid schema fields for a {} store: {where_} is a {} store set",
-            kind.name(),
+            "{}: {where_} is a {} store set",
+            crate::schema::schema_fields_prefix(kind),
             m.kind
         )));
     }
