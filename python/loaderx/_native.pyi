@@ -109,8 +109,18 @@ class LoaderHandle:
         shard_index: int,
         shard_count: int,
         producers: int,
-    ) -> None: ...
+        weights: Optional[list[float]] = None,
+        exact: bool = True,
+        epochs: Optional[int] = None,
+        source_stream: bool = False,
+    ) -> None:
+        """With ``weights`` (one per source), ``readers`` holds every source's
+        streams, source after source; ``dtypes`` and ``packed`` stay one per
+        stream. Batches end with the bool mask (when ``epochs`` is given),
+        then the int32 source numbers (when ``source_stream``)."""
     def next(self) -> Optional[tuple[int, list[object]]]: ...
+    @property
+    def steps(self) -> Optional[int]: ...
     @property
     def step(self) -> int: ...
     def close(self) -> None: ...
