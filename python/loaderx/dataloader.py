@@ -439,7 +439,9 @@ class DataLoader:
             **extra,
         )
         self._steps = core.steps
-        self._pipe = _Pipeline(core, self._names + self._extra, self._transform, self._transform_workers, step)
+        self._pipe = _Pipeline(
+            core, self._names + self._extra, self._transform, self._transform_workers, step, self._steps
+        )
         self._closed = False
         # The pipeline's threads hold the pipeline, never the loader, so an
         # abandoned loader is collected and its threads told to stop.
@@ -558,8 +560,12 @@ class _Pipeline:
     worker that finds it set exits, dropping its batch and result.
     """
 
-    def __init__(self, core: Any, names: list, transform: Callable | None, workers: int, step: int) -> None:
+    def __init__(
+        self, core: Any, names: list, transform: Callable | None, workers: int, step: int, end: int | None
+    ) -> None:
         self.core = core
+        # One past the last step of a finite pass (None: endless).
+        self.end = end
         self.names = names
         self.transform = transform
         self.limit = workers
@@ -639,6 +645,8 @@ class _Pipeline:
             return self._pack(values)
         with self.cond:
             while self.step not in self.done and not self.closed:
+                if self.end is not None and self.step >= self.end:
+                    raise StopIteration  # a finite pass is over
                 self.cond.wait(_WAIT_SLICE)
             if self.closed:
                 raise StopIteration

@@ -423,7 +423,9 @@ impl Shared {
             let step = {
                 let mut st = self.lock();
                 loop {
-                    if st.closed {
+                    // Closed, or every step of a finite pass claimed:
+                    // nothing is left for this thread to do.
+                    if st.closed || st.next_claim >= self.end {
                         return;
                     }
                     let used = st.next_claim - st.next_deliver + st.holding as u128;

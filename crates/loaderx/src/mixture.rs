@@ -665,8 +665,8 @@ mod tests {
         let n = 200_000.0;
         // Expected 120k / 60k / 20k; the standard deviations are about 220,
         // 200 and 134: allow five of them.
-        for (k, w) in [0.6, 0.3, 0.1].iter().enumerate() {
-            let sd = (n * w * (1.0 - w) as f64).sqrt();
+        for (k, &w) in [0.6f64, 0.3, 0.1].iter().enumerate() {
+            let sd = (n * w * (1.0 - w)).sqrt();
             assert!((total[k] as f64 - n * w).abs() < 5.0 * sd, "{total:?}");
         }
         // Counts vary from batch to batch.

@@ -249,8 +249,7 @@ impl PackedBatch {
                 return Err(mismatch("rank"));
             }
             let elements = *b.cu_seqlens.last().unwrap_or(&0) as usize;
-            if elements > 0 {
-                let size = b.values.len() / elements;
+            if let Some(size) = b.values.len().checked_div(elements) {
                 if itemsize.replace(size).is_some_and(|s| s != size) {
                     return Err(mismatch("item size"));
                 }
