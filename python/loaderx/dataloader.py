@@ -345,6 +345,9 @@ class DataLoader:
         self._closed = True  # until fully started, so close() is safe
         if isinstance(streams, Mixture):
             self._mixture: Mixture | None = streams
+            # Again here: a store may have been closed since the Mixture was made.
+            for name, group in zip(streams.names, streams.sources):
+                _check_streams(group, f"source {name!r}")
             streams = streams.sources[0]
         else:
             self._mixture = None

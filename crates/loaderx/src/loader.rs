@@ -554,7 +554,9 @@ fn reserve_buffers(sources: &[Arc<dyn Source>], rows: usize, slots: usize) -> bu
     buffers::reserve(entries, bytes)
 }
 
-/// An endless, step-ordered stream of batches gathered by native threads.
+/// A step-ordered stream of batches gathered by native threads: endless, or
+/// a finite pass when [`LoaderConfig::epochs`] is set, over one data set
+/// ([`Loader::new`]) or a weighted mixture ([`Loader::mixture`]).
 pub struct Loader {
     shared: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,

@@ -648,31 +648,47 @@ impl Sampler {
     /// up once per cycle met, not once per position).
     pub(crate) fn fill_positions_at(&self, first: u128, offsets: &[u64], out: &mut [u64]) {
         debug_assert_eq!(offsets.len(), out.len());
-        let n = u128::from(self.length);
-        let mut current: Option<(u64, Feistel)> = None;
+        if self.mode == Mode::Iid {
+            for (o, &off) in out.iter_mut().zip(offsets) {
+                *o = self.iid_at((first as u64).wrapping_add(off));
+            }
+            return;
+        }
+        let n = self.length;
+        // One 128-bit division for the first position; the ascending
+        // offsets then advance (cycle, position) with 64-bit arithmetic.
+        let mut last = offsets.first().copied().unwrap_or(0);
+        let start = first + u128::from(last);
+        let mut cycle = (start / u128::from(n)) as u64;
+        let mut pos = (start % u128::from(n)) as u64;
+        let mut feistel = Feistel::new(self.domain_bits, derive(self.key, cycle));
         for (o, &off) in out.iter_mut().zip(offsets) {
-            let q = first + u128::from(off);
+            let delta = off - last;
+            last = off;
+            if delta > 0 {
+                let (whole, part) = (delta / n, delta % n);
+                let mut next_cycle = cycle.wrapping_add(whole);
+                pos += part;
+                if pos >= n {
+                    pos -= n;
+                    next_cycle = next_cycle.wrapping_add(1);
+                }
+                if next_cycle != cycle && self.mode == Mode::Cyclic {
+                    feistel = Feistel::new(self.domain_bits, derive(self.key, next_cycle));
+                }
+                cycle = next_cycle;
+            }
             *o = match self.mode {
-                Mode::Sequential => (q % n) as u64,
-                Mode::Iid => self.iid_at(q as u64),
                 Mode::Cyclic => {
-                    let cycle = (q / n) as u64;
-                    let feistel = match current {
-                        Some((c, f)) if c == cycle => f,
-                        _ => {
-                            let f = Feistel::new(self.domain_bits, derive(self.key, cycle));
-                            current = Some((cycle, f));
-                            f
-                        }
-                    };
-                    let mut x = [(q % n) as u64];
+                    let mut x = [pos];
                     loop {
                         feistel.apply_block::<u64, 1>(&mut x);
-                        if x[0] < self.length {
+                        if x[0] < n {
                             break x[0];
                         }
                     }
                 }
+                _ => pos,
             };
         }
     }
