@@ -567,10 +567,7 @@ for _kind in ("dense", "ragged"):
                             DEVIATIONS["dense[2^64 int]"][2])
 
 # Mismatches in code this change does not own; reported, strict xfail.
-PENDING: dict[str, str] = {
-    "DataLoader len": "DataLoader.__len__ says 'a DataLoader is endless ...'; 2.0.0 says "
-                      "'Eternal loader has no length.' (dataloader.py outside __init__)",
-}
+PENDING: dict[str, str] = {}
 CASES.append(("DataLoader len", "len(loader({'d': dense()}))"))
 
 assert len({name for name, _ in CASES}) == len(CASES), "case names must be unique"

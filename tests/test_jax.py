@@ -597,7 +597,7 @@ def test_close_and_context_manager(root, one_device):
     with pytest.raises(StopIteration):
         next(inner)  # the DataLoader underneath is closed too
     jl.close()  # twice is fine
-    with pytest.raises(TypeError, match="endless"):
+    with pytest.raises(TypeError, match="no length"):
         len(jl)
 
 
@@ -652,3 +652,16 @@ def test_docs_example_runs_on_four_devices(tmp_path):
     loss = float(re.search(r"loss after 100 steps: (\S+)", proc.stdout).group(1))
     assert loss < 1e-3, proc.stdout
     assert os.path.isdir(tmp_path / "features")
+
+
+def test_a_finite_pass_has_a_len_carries_the_mask_and_ends(root, one_device):
+    # 12 does not divide 40: the last batch is padded, and masked.
+    want = expected(root, 4, batch_size=12, mode=0, epochs=1)
+    with JaxLoader(streams(root), one_device, batch_size=12, mode=0, epochs=1) as jl:
+        assert len(jl) == len(want) == 4
+        got = list(jl)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert_batch(g, w)
+    real = np.concatenate([np.asarray(g["y"])[np.asarray(g["mask"])] for g in got])
+    assert sorted(real.tolist()) == list(range(N))

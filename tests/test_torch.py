@@ -312,3 +312,13 @@ def test_built_from_streams_it_reads_this_ranks_slice(stores, monkeypatch):
     # Explicit arguments win over the environment.
     with lt.TorchLoader(stores, batch_size=8, shard_index=0, shard_count=1, transform=None) as tl:
         assert next(tl)["y"].tolist() == [10 * i for i in expected(0)]
+
+
+def test_a_finite_pass_ends_with_its_len_and_mask(stores):
+    with lt.TorchLoader(stores, batch_size=16, mode=0, epochs=1, transform=None) as tl:
+        assert len(tl) == 3  # ceil(40 / 16)
+        batches = list(tl)
+    assert len(batches) == 3
+    assert [b["mask"].dtype for b in batches] == [torch.bool] * 3
+    real = torch.cat([b["y"][b["mask"]] for b in batches])
+    assert real.tolist() == [10 * i for i in range(N)]

@@ -112,9 +112,20 @@ class LoaderHandle:
         shard_index: int,
         shard_count: int,
         producers: int,
+        weights: Optional[list[float]] = None,
+        exact: bool = True,
+        epochs: Optional[int] = None,
+        source_stream: bool = False,
         lent: Optional[LentPool] = None,
-    ) -> None: ...
+    ) -> None:
+        """With ``weights`` (one per source), ``readers`` holds every source's
+        streams, source after source; ``dtypes`` and ``packed`` stay one per
+        stream. Batches end with the bool mask (when ``epochs`` is given),
+        then the int32 source numbers (when ``source_stream``). ``lent``:
+        memory for Dense columns (see ``LentPool``)."""
     def next(self) -> Optional[tuple[int, list[object]]]: ...
+    @property
+    def steps(self) -> Optional[int]: ...
     @property
     def step(self) -> int: ...
     def close(self) -> None: ...

@@ -1,14 +1,19 @@
-"""DataLoader: an endless, step-based batch loader over a dict of stores.
+"""DataLoader: a step-based batch loader over a dict of stores, or over a
+weighted ``Mixture`` of several such dicts; endless, or a finite pass of
+``epochs`` (evaluation).
 
 Index sampling and the gather of every stream run on native threads with the
 GIL released. A ``transform``, when given, runs on Python worker threads.
 Batches are delivered strictly in step order, so the sequence a loader yields
-is a pure function of (streams, batch_size, mode, seed, start_step): a run
-resumes exactly from one integer, ``loader.step``.
+is a pure function of (streams, batch_size, mode, seed, start_step, and the
+mixture and epochs when given): a run resumes exactly from one integer,
+``loader.step``. See docs/sampling.md for mixtures and finite passes.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 import threading
 import time
@@ -20,7 +25,10 @@ from loaderx._distributed import distributed_shard
 from loaderx._errors import ArgumentTypeError
 from loaderx.zrecord import Dense, Ragged, _Store
 
-__all__ = ["DataLoader", "identity", "distributed_shard"]
+__all__ = ["DataLoader", "Mixture", "identity", "distributed_shard"]
+
+# The name of the finite-pass padding mask in every batch of a finite pass.
+MASK = "mask"
 
 Batch = dict
 
@@ -72,6 +80,148 @@ def _u64(name: str, value: Any, minimum: int = 0) -> int:
     return value
 
 
+def _check_streams(streams: Any, what: str, allow_empty: bool = False) -> dict:
+    """Validates a dict of opened stores of equal length, in loaderx 2.0.0's
+    order and with its messages first (#14); returns a copy. Empty stores
+    pass only with ``allow_empty`` (the plain form checks that later, where
+    2.0.0 does)."""
+    if not isinstance(streams, Mapping):
+        try:  # like 2.0.0, which takes whatever dict() takes
+            streams = dict(streams)
+        except (TypeError, ValueError) as e:
+            # 2.0.0 raises TypeError for a non-iterable, the contract ValueError: both.
+            cls = ArgumentTypeError if isinstance(e, TypeError) else ValueError
+            raise cls(f"{e}: {what} must be a dict of opened Dense/Ragged stores") from None
+    if len(streams) == 0:
+        raise ValueError(f"need at least one stream: {what} must be a non-empty dict of opened stores")
+    refused = {}
+    for name, store in streams.items():
+        if not isinstance(store, _Store):
+            refused[name] = f"{name!r} is of type {type(store).__name__}, not a store"
+        elif store.writable:
+            refused[name] = f"{name!r} is a writer; close it and pass Dense/Ragged.open(path)"
+        elif store.closed:
+            refused[name] = f"{name!r} is closed"
+    if refused:
+        raise ValueError(
+            f"DataLoader streams must be opened for reading: {list(refused)} "
+            f"({'; '.join(refused.values())}{_of(what)})"
+        )
+    lengths = {name: len(store) for name, store in streams.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"all streams{_of(what)} must hold the same number of records, got {lengths}")
+    if not allow_empty and next(iter(lengths.values())) == 0:
+        raise ValueError(f"length must be in 1..2^64-1: the streams{_of(what)} hold no records")
+    return dict(streams)
+
+
+def _of(what: str) -> str:
+    return "" if what == "streams" else f" of {what}"
+
+
+class Mixture:
+    """A weighted mixture of sources for ``DataLoader``.
+
+    ``sources`` maps a source name to ``(streams, weight)``: ``streams`` a
+    dict ``{name: opened Dense or Ragged}`` of equal length, as a plain
+    DataLoader takes, and ``weight`` a positive finite number (weights are
+    normalised, so ``0.7, 0.3`` and ``7, 3`` are the same mixture). Every
+    source must have the same stream names, each stream of the same kind
+    (Dense or Ragged) and dtype in every source, and Dense streams of the
+    same item shape. Sources are numbered 0, 1, ... in the order of
+    ``sources``.
+
+    ``proportions``:
+
+    * ``"exact"`` (default): every global batch holds each source's
+      largest-remainder share of ``batch_size`` slots (``0.7, 0.3`` of 10 is
+      7 and 3), at random slots; each source is walked through in its own
+      order (with mode 2, every record of a source once per its own epoch).
+      A source whose share rounds to no slot is refused.
+    * ``"iid"``: every slot picks its source independently by weight, so the
+      counts vary from batch to batch around the weights.
+
+    ``source_stream``: a name, to add to every batch an int32 array of the
+    source number of each record (this shard's slice, in batch order).
+
+    Example::
+
+        mix = Mixture({"web": (web_streams, 0.7), "code": (code_streams, 0.3)},
+                      source_stream="source")
+        loader = DataLoader(mix, batch_size=256)
+    """
+
+    def __init__(
+        self,
+        sources: Mapping[str, tuple[Mapping[str, Dense | Ragged], float]],
+        *,
+        proportions: str = "exact",
+        source_stream: str | None = None,
+    ) -> None:
+        if not isinstance(sources, Mapping) or len(sources) == 0:
+            raise ValueError("a Mixture needs a non-empty dict {source name: (streams, weight)}")
+        if proportions not in ("exact", "iid"):
+            raise ValueError(f"proportions must be 'exact' or 'iid', got {proportions!r}")
+        self.names: list[str] = []
+        self.weights: list[float] = []
+        self.sources: list[dict] = []
+        for name, entry in sources.items():
+            if not isinstance(entry, tuple) or len(entry) != 2:
+                raise ValueError(f"source {name!r} must be a (streams, weight) pair, got {type(entry).__name__}")
+            streams, weight = entry
+            if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
+                raise ValueError(f"the weight of source {name!r} must be a number, got {type(weight).__name__}")
+            weight = float(weight)
+            if not (math.isfinite(weight) and weight > 0):
+                raise ValueError(f"the weight of source {name!r} must be a positive finite number, got {weight}")
+            self.names.append(name)
+            self.weights.append(weight)
+            self.sources.append(_check_streams(streams, f"source {name!r}"))
+        if not math.isfinite(math.fsum(self.weights)):
+            raise ValueError("the weights of a Mixture add up to more than a float holds")
+        first_name, first = self.names[0], self.sources[0]
+        for name, streams in zip(self.names[1:], self.sources[1:]):
+            if list(streams) != list(first):
+                raise ValueError(
+                    f"source {name!r} has streams {sorted(streams)}, but source {first_name!r} has "
+                    f"{sorted(first)}: every source needs the same stream names"
+                )
+            for stream, store in streams.items():
+                ref = first[stream]
+                if type(store) is not type(ref):
+                    raise ValueError(
+                        f"stream {stream!r} of source {name!r} is {type(store).__name__}, but "
+                        f"{type(ref).__name__} in source {first_name!r}"
+                    )
+                if store.dtype != ref.dtype:
+                    raise ValueError(
+                        f"stream {stream!r} of source {name!r} has dtype {store.dtype}, but "
+                        f"{ref.dtype} in source {first_name!r}"
+                    )
+                if isinstance(store, Dense) and store.item_shape != ref.item_shape:
+                    raise ValueError(
+                        f"stream {stream!r} of source {name!r} has item shape {store.item_shape}, but "
+                        f"{ref.item_shape} in source {first_name!r}"
+                    )
+        if source_stream is not None:
+            if not isinstance(source_stream, str):
+                raise TypeError(f"source_stream must be a str or None, got {type(source_stream).__name__}")
+            if source_stream in first:
+                raise ValueError(f"source_stream {source_stream!r} is already the name of a stream")
+        self.proportions = proportions
+        self.source_stream = source_stream
+
+    @property
+    def shares(self) -> list[float]:
+        """The normalised weights, in source order."""
+        total = math.fsum(self.weights)
+        return [w / total for w in self.weights]
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{n!r}: {w:g}" for n, w in zip(self.names, self.weights))
+        return f"Mixture({{{parts}}}, proportions={self.proportions!r}, source_stream={self.source_stream!r})"
+
+
 class _Failure:
     """An exception raised while producing a step, held until its turn."""
 
@@ -82,10 +232,11 @@ class _Failure:
 
 
 class DataLoader:
-    """Endless loader over ``streams``, a dict ``{name: opened Dense or Ragged}``
-    of equal length. Each batch is ``transform({name: value})``, where a Dense
-    value is a ``(batch, *item_shape)`` array and a Ragged value a list of
-    arrays, all gathered at the same indices.
+    """Loader over ``streams``, a dict ``{name: opened Dense or Ragged}``
+    of equal length, or a ``Mixture`` of such dicts. Each batch is
+    ``transform({name: value})``, where a Dense value is a
+    ``(batch, *item_shape)`` array and a Ragged value a list of arrays, all
+    gathered at the same indices.
 
     ``mode``: 0 sequential, 1 IID, 2 cyclic (default), as in
     ``loaderx.zsampler.Sampler``. Beyond loaderx 2.0.0:
@@ -100,6 +251,17 @@ class DataLoader:
     * ``packed``: True, or names of Ragged streams, to receive those streams as
       ``(values, cu_seqlens, shapes)`` (see ``Ragged.gather_packed``) instead
       of a list of arrays.
+    * ``Mixture(...)`` in place of ``streams``: each global batch mixes
+      several sources by weight (see ``Mixture``).
+    * ``epochs``: None (default) for an endless loader; N for a finite pass
+      of N epochs, each visiting every record exactly once (every record of
+      every source, for a mixture), in order (mode 0) or in a fresh shuffle
+      per epoch (mode 2; mode 1 is refused). An epoch is
+      ``ceil(records / batch_size)`` steps; its last batch is padded to full
+      size, and every batch of a finite pass has a bool stream ``"mask"``
+      (this shard's slice) that is False on padding, so all ranks take the
+      same number of steps. ``len(loader)`` is the number of steps of the
+      whole pass; iteration ends with StopIteration after the last one.
 
     At most ``prefetch_size + transform_workers + 1`` batches are alive, and
     with the identity transform a ``for`` loop sees at most
@@ -107,7 +269,7 @@ class DataLoader:
     against ``prefetch_size`` until you ask for the next one (so
     ``prefetch_size=1`` still prepares one batch ahead). With a transform,
     batches held by its workers count toward ``prefetch_size`` as well.
-    Iteration never ends by itself; ``close()`` (or leaving a ``with`` block)
+    Without ``epochs``, iteration never ends by itself; ``close()`` (or leaving a ``with`` block)
     stops it, and a consumer waiting on it then sees StopIteration. A failure
     in a gather or the transform is raised to the consumer and stops the loader.
 
@@ -126,7 +288,7 @@ class DataLoader:
 
     def __init__(
         self,
-        streams: Mapping[str, Dense | Ragged],
+        streams: Mapping[str, Dense | Ragged] | Mixture,
         transform_workers: int = 4,
         batch_size: int = 256,
         prefetch_size: int = 4,
@@ -138,41 +300,26 @@ class DataLoader:
         shard_index: int = 0,
         shard_count: int = 1,
         packed: bool | Iterable[str] = False,
+        epochs: int | None = None,
     ) -> None:
         self._closed = True  # until fully started, so close() is safe
-        # Checked in loaderx 2.0.0's order, with its messages first (#14).
-        if not isinstance(streams, Mapping):
-            try:  # like 2.0.0, which takes whatever dict() takes
-                streams = dict(streams)
-            except (TypeError, ValueError) as e:
-                # 2.0.0 raises TypeError for a non-iterable, the contract ValueError: both.
-                cls = ArgumentTypeError if isinstance(e, TypeError) else ValueError
-                raise cls(f"{e}: streams must be a dict of opened Dense/Ragged stores") from None
-        if len(streams) == 0:
-            raise ValueError("need at least one stream: streams must be a non-empty dict of opened stores")
-        refused = {}
-        for name, store in streams.items():
-            if not isinstance(store, _Store):
-                refused[name] = f"{name!r} is of type {type(store).__name__}, not a store"
-            elif store.writable:
-                refused[name] = f"{name!r} is a writer; close it and pass Dense/Ragged.open(path)"
-            elif store.closed:
-                refused[name] = f"{name!r} is closed"
-        if refused:
-            raise ValueError(
-                f"DataLoader streams must be opened for reading: {list(refused)} "
-                f"({'; '.join(refused.values())})"
-            )
-        lengths = {name: len(store) for name, store in streams.items()}
-        if len(set(lengths.values())) != 1:
-            raise ValueError(f"all streams must hold the same number of records, got {lengths}")
+        if isinstance(streams, Mixture):
+            self._mixture: Mixture | None = streams
+            # Again here: a store may have been closed since the Mixture was made.
+            for name, group in zip(streams.names, streams.sources):
+                _check_streams(group, f"source {name!r}")
+            streams = streams.sources[0]
+        else:
+            self._mixture = None
+            streams = _check_streams(streams, "streams", allow_empty=True)
+        self._epochs = None if epochs is None else _positive_int("epochs", epochs)
         self._transform_workers = _positive_int("transform_workers", transform_workers)
         self._prefetch_size = _positive_int("prefetch_size", prefetch_size)
         # Types before values, as 2.0.0's sampler takes them.
         batch_size, mode, seed = (
             _integer("batch_size", batch_size), _integer("mode", mode), _integer("seed", seed)
         )
-        if next(iter(lengths.values())) == 0:
+        if len(next(iter(streams.values()))) == 0:
             raise ValueError("length must be in 1..2^64-1: the streams hold no records")
         self._batch_size = _u64("batch_size", batch_size, minimum=1)
         if mode not in (0, 1, 2):
@@ -190,11 +337,28 @@ class DataLoader:
                 f"batch_size {self._batch_size} (the global batch) must be divisible by "
                 f"shard_count {self._shard_count}"
             )
+        self._extra: list[str] = []
+        if self._epochs is not None:
+            if mode == 1:
+                raise ValueError(
+                    "a finite pass (epochs=...) needs mode 0 (in order) or 2 (shuffled): "
+                    "mode 1 draws with replacement and cannot visit every record exactly once"
+                )
+            if MASK in streams:
+                raise ValueError(
+                    f"a stream is named {MASK!r}, the name of a finite pass's padding mask: rename it"
+                )
+            self._extra.append(MASK)
+        if self._mixture is not None and self._mixture.source_stream is not None:
+            if self._mixture.source_stream in self._extra:
+                raise ValueError(f"source_stream {self._mixture.source_stream!r} clashes with the mask stream")
+            self._extra.append(self._mixture.source_stream)
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}")
         self._transform = None if transform is None or transform is identity else transform
         self._names = list(streams)
         self._streams = dict(streams)
+        self._steps: int | None = None
         ragged = {name for name, store in streams.items() if isinstance(store, Ragged)}
         if packed is True:
             self._packed = ragged
@@ -218,9 +382,23 @@ class DataLoader:
         # Gathers from object storage mostly wait on round trips, not on the
         # CPU: a producer per slot keeps every prefetched step's requests in
         # flight at once (memory stays bounded by the slots).
-        remote = any(s._reader.data_access == "remote" for s in self._streams.values())
+        mix = self._mixture
+        groups = [self._streams] if mix is None else mix.sources
+        remote = any(s._reader.data_access == "remote" for g in groups for s in g.values())
+        # Mixtures pass every source's readers, source after source, in the
+        # stream order of the first source.
+        readers = [g[name]._reader for g in groups for name in self._names]
+        extra: dict[str, Any] = {}
+        if mix is not None:
+            extra.update(
+                weights=mix.weights,
+                exact=mix.proportions == "exact",
+                source_stream=mix.source_stream is not None,
+            )
+        if self._epochs is not None:
+            extra["epochs"] = self._epochs
         core = _native.LoaderHandle(
-            [s._reader for s in self._streams.values()],
+            readers,
             [s.dtype for s in self._streams.values()],
             [name in self._packed for name in self._names],
             self._batch_size,
@@ -231,9 +409,13 @@ class DataLoader:
             self._shard_index,
             self._shard_count,
             max(2, prefetch) if remote else 2,
-            self._lent,
+            lent=self._lent,
+            **extra,
         )
-        self._pipe = _Pipeline(core, self._names, self._transform, self._transform_workers, step)
+        self._steps = core.steps
+        self._pipe = _Pipeline(
+            core, self._names + self._extra, self._transform, self._transform_workers, step, self._steps
+        )
         self._closed = False
         # The pipeline's threads hold the pipeline, never the loader, so an
         # abandoned loader is collected and its threads told to stop.
@@ -284,7 +466,16 @@ class DataLoader:
             raise
 
     def __len__(self) -> int:
-        raise TypeError("a DataLoader is endless and has no len(); count steps instead")
+        """Steps of a finite pass (``epochs * ceil(records / batch_size)``,
+        counted from step 0 whatever ``start_step`` was). An endless loader
+        has no len(): TypeError."""
+        if self._epochs is None:
+            raise TypeError(
+                "Eternal loader has no length.: a DataLoader without epochs= is endless; "
+                "count steps instead"
+            )
+        assert self._steps is not None
+        return self._steps
 
     # -- state ----------------------------------------------------------------
     @property
@@ -340,10 +531,12 @@ class DataLoader:
         self._close(_CLOSE_GRACE if exc_type is None else 0.0)
 
     def __repr__(self) -> str:
+        mix = f", mixture={self._mixture!r}" if self._mixture is not None else ""
+        epochs = f", epochs={self._epochs}" if self._epochs is not None else ""
         return (
-            f"DataLoader(streams={self._names}, batch_size={self._batch_size}, mode={self._mode}, "
+            f"DataLoader(streams={self._names}{mix}, batch_size={self._batch_size}, mode={self._mode}, "
             f"seed={self._seed}, step={self.step}, shard={self._shard_index}/{self._shard_count}"
-            f"{', closed' if self._closed else ''})"
+            f"{epochs}{', closed' if self._closed else ''})"
         )
 
 
@@ -361,8 +554,12 @@ class _Pipeline:
     worker that finds it set exits, dropping its batch and result.
     """
 
-    def __init__(self, core: Any, names: list, transform: Callable | None, workers: int, step: int) -> None:
+    def __init__(
+        self, core: Any, names: list, transform: Callable | None, workers: int, step: int, end: int | None
+    ) -> None:
         self.core = core
+        # One past the last step of a finite pass (None: endless).
+        self.end = end
         self.names = names
         self.transform = transform
         self.limit = workers
@@ -442,6 +639,8 @@ class _Pipeline:
             return self._pack(values)
         with self.cond:
             while self.step not in self.done and not self.closed:
+                if self.end is not None and self.step >= self.end:
+                    raise StopIteration  # a finite pass is over
                 self.cond.wait(_WAIT_SLICE)
             if self.closed:
                 raise StopIteration

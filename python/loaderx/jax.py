@@ -355,7 +355,9 @@ class JaxLoader:
         return item
 
     def __len__(self) -> int:
-        raise TypeError("a JaxLoader is endless and has no len(); count steps instead")
+        """Steps of a finite pass (``DataLoader(..., epochs=N)``); an endless
+        loader has no len(): TypeError, as the DataLoader's."""
+        return len(self._loader)
 
     # -- state --------------------------------------------------------------
     @property

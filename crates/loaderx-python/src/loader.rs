@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use loaderx::lent::LentPool;
 use loaderx::loader::{Column, Loader, LoaderConfig, Next, Packed, Source};
+use loaderx::mixture::Proportions;
 use loaderx::sampler::Mode;
 use numpy::npyffi::npy_intp;
 use numpy::{PyArray1, PyArrayDescr, PyArrayMethods, PyUntypedArrayMethods};
@@ -82,13 +83,19 @@ impl LentPoolHandle {
 pub struct LoaderHandle {
     loader: Loader,
     streams: Vec<StreamInfo>,
+    /// Whether batches end with an int32 array of source numbers.
+    source_stream: bool,
 }
 
 #[pymethods]
 impl LoaderHandle {
-    /// Starts gathering `readers` (ReaderHandle objects) with numpy dtypes `dtypes`.
+    /// Starts gathering `readers` (ReaderHandle objects) with numpy dtypes
+    /// `dtypes`, one per stream. With `weights` (one per source), `readers`
+    /// holds every source's streams, source after source, and the loader
+    /// samples a mixture (`exact`: fixed quotas, else IID picks). With
+    /// `epochs`, a finite pass whose batches end with a bool mask.
     #[new]
-    #[pyo3(signature = (readers, dtypes, packed, batch_size, mode, seed, start_step, prefetch, shard_index, shard_count, producers, lent=None))]
+    #[pyo3(signature = (readers, dtypes, packed, batch_size, mode, seed, start_step, prefetch, shard_index, shard_count, producers, weights=None, exact=true, epochs=None, source_stream=false, lent=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -103,29 +110,50 @@ impl LoaderHandle {
         shard_index: u64,
         shard_count: u64,
         producers: usize,
+        weights: Option<Vec<f64>>,
+        exact: bool,
+        epochs: Option<u64>,
+        source_stream: bool,
         lent: Option<Bound<'_, LentPoolHandle>>,
     ) -> PyResult<Self> {
-        if readers.len() != dtypes.len() || readers.len() != packed.len() {
+        let per_source = dtypes.len();
+        let source_count = weights.as_ref().map_or(1, Vec::len);
+        if per_source == 0
+            || packed.len() != per_source
+            || source_count == 0
+            || readers.len() != per_source.saturating_mul(source_count)
+        {
             return Err(PyValueError::new_err(
-                "one dtype and one packed flag per reader",
+                "one dtype and one packed flag per stream, and one reader per stream of each source",
             ));
         }
         let mode = Mode::try_from(mode).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let mut sources: Vec<Arc<dyn Source>> = Vec::with_capacity(readers.len());
-        let mut streams = Vec::with_capacity(readers.len());
-        for ((reader, dtype), pack) in readers.iter().zip(dtypes).zip(packed) {
+        let mut components: Vec<Vec<Arc<dyn Source>>> = Vec::with_capacity(source_count);
+        let mut streams = Vec::with_capacity(per_source);
+        for (i, reader) in readers.iter().enumerate() {
+            let m = i % per_source;
             let handle = reader.get();
             let store = handle.reader()?;
-            streams.push(StreamInfo {
-                dtype: dtype.unbind(),
-                item_shape: handle
-                    .item_shape_dims()
-                    .map(|s| s.iter().map(|&d| d as npy_intp).collect()),
-            });
-            if pack {
-                sources.push(Arc::new(Packed(store)));
+            if i < per_source {
+                // Stream layouts come from the first source; the Python
+                // side checked that the others agree.
+                streams.push(StreamInfo {
+                    dtype: dtypes[m].clone().unbind(),
+                    item_shape: handle
+                        .item_shape_dims()
+                        .map(|s| s.iter().map(|&d| d as npy_intp).collect()),
+                });
+            }
+            if m == 0 {
+                components.push(Vec::with_capacity(per_source));
+            }
+            let source: Arc<dyn Source> = if packed[m] {
+                Arc::new(Packed(store))
             } else {
-                sources.push(store);
+                store
+            };
+            if let Some(last) = components.last_mut() {
+                last.push(source);
             }
         }
         let config = LoaderConfig {
@@ -138,9 +166,28 @@ impl LoaderHandle {
             shard_count,
             producers,
             lent: lent.map(|p| Arc::clone(&p.get().pool)),
+            epochs,
         };
-        let loader = py.detach(|| Loader::new(sources, config)).py(py)?;
-        Ok(LoaderHandle { loader, streams })
+        let loader = match weights {
+            None => {
+                let sources = components.pop().unwrap_or_default();
+                py.detach(|| Loader::new(sources, config)).py(py)?
+            }
+            Some(weights) => {
+                let proportions = if exact {
+                    Proportions::Exact
+                } else {
+                    Proportions::Iid
+                };
+                py.detach(|| Loader::mixture(components, weights, proportions, config))
+                    .py(py)?
+            }
+        };
+        Ok(LoaderHandle {
+            loader,
+            streams,
+            source_stream,
+        })
     }
 
     /// The next batch in step order as `(step, [value per stream])`, or None
@@ -163,6 +210,19 @@ impl LoaderHandle {
                         };
                         values.append(value)?;
                     }
+                    // The extra streams, after the user's: mask, then sources.
+                    if let Some(mask) = batch.mask {
+                        values.append(PyArray1::from_vec(py, mask))?;
+                    }
+                    if self.source_stream {
+                        let sources: Vec<i32> = batch
+                            .sources
+                            .unwrap_or_else(|| vec![0; batch.indices.len()])
+                            .into_iter()
+                            .map(|k| k as i32)
+                            .collect();
+                        values.append(PyArray1::from_vec(py, sources))?;
+                    }
                     return Ok(Some(PyTuple::new(
                         py,
                         [batch.step.into_pyobject(py)?.into_any(), values.into_any()],
@@ -173,6 +233,12 @@ impl LoaderHandle {
                 Next::Pending => py.check_signals()?,
             }
         }
+    }
+
+    /// Steps of a finite pass, None when endless.
+    #[getter]
+    fn steps(&self) -> Option<u64> {
+        self.loader.steps()
     }
 
     /// The step of the next batch to be handed out.

@@ -9,8 +9,13 @@
 //!   ([`Codec`]): raw, zstd, or zstd with a trained dictionary ([`dict`]).
 //! * [`sampler`]: index batches (sequential, IID, cyclic), each a pure
 //!   function of `(seed, step)`.
-//! * [`loader`]: an endless, step-ordered batch pipeline over equal-length
-//!   sources, with prefetch, exact resume and sharding across processes.
+//! * [`mixture`]: weighted mixtures of several sources, each batch slot a
+//!   pure function of `(seed, step, slot)`.
+//! * [`pass`]: finite passes (evaluation), every record exactly once per
+//!   epoch, the last batch padded and masked.
+//! * [`loader`]: a step-ordered batch pipeline over equal-length sources or
+//!   a mixture of them, endless or a finite pass, with prefetch, exact
+//!   resume and sharding across processes.
 //!
 //! Batched gathers and appends fan out over one process-wide thread pool
 //! ([`pool`]). A store can also be a set of shards read as one
@@ -31,6 +36,8 @@ pub mod format;
 mod io;
 pub mod lent;
 pub mod loader;
+pub mod mixture;
+pub mod pass;
 pub mod pool;
 pub mod remote;
 pub mod sampler;

@@ -56,6 +56,8 @@ use std::time::{Duration, Instant};
 use crate::buffers;
 use crate::error::{Error, Result};
 use crate::lent::{BatchBytes, LentPool};
+use crate::mixture::{MixtureSampler, Proportions};
+use crate::pass::Pass;
 use crate::sampler::{Mode, Sampler};
 use crate::store::{DenseReader, PackedBatch, RaggedBatch, RaggedReader, StoreReader};
 
@@ -242,9 +244,16 @@ impl<S: Source + ?Sized> Source for Arc<S> {
 pub struct Batch {
     /// The global step this batch belongs to (0-based).
     pub step: u64,
-    /// The record indices gathered (this shard's slice of the global batch).
+    /// The record indices gathered (this shard's slice of the global batch);
+    /// in a mixture, indices into the source named by `sources`.
     pub indices: Vec<u64>,
-    /// One column per source, in the order the sources were given.
+    /// In a mixture ([`Loader::mixture`]), the source number of each record;
+    /// `None` otherwise.
+    pub sources: Option<Vec<u32>>,
+    /// In a finite pass ([`LoaderConfig::epochs`]), whether each record is
+    /// real (`true`) or padding of an epoch's last batch; `None` when endless.
+    pub mask: Option<Vec<bool>>,
+    /// One column per stream, in the order the streams were given.
     pub columns: Vec<Column>,
 }
 
@@ -270,10 +279,14 @@ pub struct LoaderConfig {
     /// Producer threads (at least 1; capped at `prefetch`).
     pub producers: usize,
     /// Memory the consumer lends for Dense columns (pinned host memory for
-    /// device copies, typically): each Dense column is gathered straight
-    /// into a free region of the pool when one is large enough, else into
-    /// an engine buffer as without a pool.
+    /// device copies, typically): each Dense column is gathered (for a
+    /// mixture, merged) straight into a free region of the pool when one is
+    /// large enough, else into an engine buffer as without a pool.
     pub lent: Option<Arc<LentPool>>,
+    /// `None`: endless. `Some(n)`: a finite pass of `n` epochs, each record
+    /// once per epoch, batches padded and masked (see [`crate::pass`]);
+    /// mode [`Mode::Iid`] is refused.
+    pub epochs: Option<u64>,
 }
 
 impl Default for LoaderConfig {
@@ -288,6 +301,7 @@ impl Default for LoaderConfig {
             shard_count: 1,
             producers: 2,
             lent: None,
+            epochs: None,
         }
     }
 }
@@ -315,10 +329,53 @@ struct State {
     holding: bool,
 }
 
+/// Which records each step holds.
+#[derive(Debug)]
+enum Plan {
+    /// One source, the endless batch stream of a [`Sampler`].
+    Plain(Sampler),
+    /// Several sources, an endless weighted mixture.
+    Mixture(MixtureSampler),
+    /// A finite pass; over the sources' concatenation when `offsets` (each
+    /// source's first global index, then the total) is given.
+    Pass {
+        pass: Pass,
+        offsets: Option<Vec<u64>>,
+    },
+}
+
+impl Plan {
+    fn batch_len(&self) -> usize {
+        match self {
+            Plan::Plain(s) => s.batch_len(),
+            Plan::Mixture(m) => m.batch_len(),
+            Plan::Pass { pass, .. } => pass.batch_len(),
+        }
+    }
+
+    /// One past the last step, as a u128 so that `u64::MAX` is a step too.
+    fn end(&self) -> u128 {
+        match self {
+            Plan::Pass { pass, .. } => u128::from(pass.steps()),
+            _ => u128::from(u64::MAX) + 1,
+        }
+    }
+}
+
+/// A producer's buffers for one global batch.
+struct Scratch {
+    records: Vec<u64>,
+    sources: Vec<u32>,
+    mask: Vec<bool>,
+}
+
 struct Shared {
-    sources: Vec<Arc<dyn Source>>,
+    /// `components[k][m]`: stream `m` of source `k` (one source unless mixed).
+    components: Vec<Vec<Arc<dyn Source>>>,
     lent: Option<Arc<LentPool>>,
-    sampler: Sampler,
+    plan: Plan,
+    /// See [`Plan::end`].
+    end: u128,
     shard: std::ops::Range<usize>,
     /// Slots: claimed undelivered steps plus the held batch.
     capacity: u64,
@@ -333,20 +390,58 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn produce(&self, step: u64, global: &mut [u64]) -> Result<Batch> {
-        self.sampler.fill(step, global);
-        let indices = global[self.shard.clone()].to_vec();
-        let mut columns = Vec::with_capacity(self.sources.len());
-        for source in &self.sources {
-            // A closed loader's step is never delivered: stop between sources.
+    fn produce(&self, step: u64, scratch: &mut Scratch) -> Result<Batch> {
+        let shard = self.shard.clone();
+        let (indices, sources, mask) = match &self.plan {
+            Plan::Plain(sampler) => {
+                sampler.fill(step, &mut scratch.records);
+                (scratch.records[shard].to_vec(), None, None)
+            }
+            Plan::Mixture(mixture) => {
+                mixture.fill(step, &mut scratch.sources, &mut scratch.records);
+                (
+                    scratch.records[shard.clone()].to_vec(),
+                    Some(scratch.sources[shard].to_vec()),
+                    None,
+                )
+            }
+            Plan::Pass { pass, offsets } => {
+                pass.fill(step, &mut scratch.records, &mut scratch.mask);
+                let mask = Some(scratch.mask[shard.clone()].to_vec());
+                let mut indices = scratch.records[shard].to_vec();
+                let sources = offsets.as_ref().map(|offsets| {
+                    // Global index -> (source, index into the source).
+                    indices
+                        .iter_mut()
+                        .map(|g| {
+                            let k = offsets.partition_point(|&o| o <= *g) - 1;
+                            *g -= offsets[k];
+                            k as u32
+                        })
+                        .collect()
+                });
+                (indices, sources, mask)
+            }
+        };
+        let streams = self.components[0].len();
+        let mut columns = Vec::with_capacity(streams);
+        for m in 0..streams {
+            // A closed loader's step is never delivered: stop between streams.
             if self.lock().closed {
                 return Err(Error::State("the loader was closed".into()));
             }
-            columns.push(self.gather(source.as_ref(), &indices)?);
+            columns.push(match &sources {
+                Some(picks) if self.components.len() > 1 => {
+                    self.gather_mixed(m, picks, &indices)?
+                }
+                _ => self.gather(self.components[0][m].as_ref(), &indices)?,
+            });
         }
         Ok(Batch {
             step,
             indices,
+            sources,
+            mask,
             columns,
         })
     }
@@ -370,17 +465,50 @@ impl Shared {
         source.gather(indices)
     }
 
+    /// Gathers stream `m` of a mixture batch: one gather per source present,
+    /// merged back into slot order. A batch drawn from a single source is
+    /// that source's gather, without a copy.
+    fn gather_mixed(&self, m: usize, picks: &[u32], indices: &[u64]) -> Result<Column> {
+        let mut per: Vec<Vec<u64>> = vec![Vec::new(); self.components.len()];
+        for (&k, &i) in picks.iter().zip(indices) {
+            per[k as usize].push(i);
+        }
+        let present: Vec<usize> = (0..per.len()).filter(|&k| !per[k].is_empty()).collect();
+        if present.len() <= 1 {
+            let k = present.first().copied().unwrap_or(0);
+            return self.components[k][m].gather(&per[k]);
+        }
+        let mut parts: Vec<Option<Column>> = (0..per.len()).map(|_| None).collect();
+        for &k in &present {
+            parts[k] = Some(self.components[k][m].gather(&per[k])?);
+        }
+        merge_columns(parts, picks, self.lent.as_ref())
+    }
+
     fn run_producer(&self) {
-        let mut global = vec![0u64; self.sampler.batch_len()];
+        let len = self.plan.batch_len();
+        let mut scratch = Scratch {
+            records: vec![0u64; len],
+            sources: match self.plan {
+                Plan::Mixture(_) => vec![0u32; len],
+                _ => Vec::new(),
+            },
+            mask: match self.plan {
+                Plan::Pass { .. } => vec![false; len],
+                _ => Vec::new(),
+            },
+        };
         loop {
             let step = {
                 let mut st = self.lock();
                 loop {
-                    if st.closed {
+                    // Closed, or every step of a finite pass claimed:
+                    // nothing is left for this thread to do.
+                    if st.closed || st.next_claim >= self.end {
                         return;
                     }
                     let used = st.next_claim - st.next_deliver + st.holding as u128;
-                    if used < self.capacity as u128 && st.next_claim <= u64::MAX as u128 {
+                    if used < self.capacity as u128 && st.next_claim < self.end {
                         break;
                     }
                     st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
@@ -389,7 +517,7 @@ impl Shared {
                 (st.next_claim - 1) as u64
             };
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.produce(step, &mut global)
+                self.produce(step, &mut scratch)
             }))
             .unwrap_or_else(|panic| {
                 let what = panic
@@ -405,6 +533,95 @@ impl Shared {
             st.ready.insert(step, result);
             self.changed.notify_all();
         }
+    }
+}
+
+/// Merges the per-source columns of a mixture stream (`parts[k]`, present
+/// for the sources in `picks`) into slot order: slot `j` takes the next
+/// unused record of source `picks[j]`.
+fn merge_columns(
+    parts: Vec<Option<Column>>,
+    picks: &[u32],
+    lent: Option<&Arc<LentPool>>,
+) -> Result<Column> {
+    let mismatch = || {
+        Error::InvalidArgument("mixture sources disagree on a stream's kind or record size".into())
+    };
+    match parts.iter().flatten().next() {
+        Some(Column::Dense(first)) => {
+            let width = first.width;
+            let mut dense = Vec::with_capacity(parts.len());
+            for part in parts {
+                match part {
+                    None => dense.push(None),
+                    Some(Column::Dense(d)) if d.width == width => dense.push(Some(d)),
+                    Some(_) => return Err(mismatch()),
+                }
+            }
+            let bytes = picks
+                .len()
+                .checked_mul(width)
+                .ok_or_else(|| Error::OutOfMemory("a merged batch".into()))?;
+            // The merged batch is what the consumer gets: into lent memory
+            // when there is a free region, as a single source's would be.
+            let mut data = match lent.and_then(|pool| pool.take(bytes)) {
+                Some(region) => BatchBytes::Lent(region),
+                None => buffers::take(bytes)
+                    .ok_or_else(|| Error::OutOfMemory(format!("a merged batch of {bytes} bytes")))?
+                    .into(),
+            };
+            let mut next = vec![0usize; dense.len()];
+            for (out, &k) in data.chunks_exact_mut(width.max(1)).zip(picks) {
+                let k = k as usize;
+                let part = dense
+                    .get(k)
+                    .and_then(Option::as_ref)
+                    .filter(|d| next[k] < d.rows)
+                    .ok_or_else(|| Error::State("internal error: mixture part too short".into()))?;
+                let row = next[k];
+                next[k] += 1;
+                out.copy_from_slice(&part.data[row * width..(row + 1) * width]);
+            }
+            for d in dense.into_iter().flatten() {
+                d.data.recycle();
+            }
+            Ok(Column::Dense(DenseBatch {
+                data,
+                rows: picks.len(),
+                width,
+            }))
+        }
+        Some(Column::Ragged(_)) => {
+            let mut ragged = Vec::with_capacity(parts.len());
+            for part in parts {
+                match part {
+                    None => ragged.push(RaggedBatch::default()),
+                    Some(Column::Ragged(r)) => ragged.push(r),
+                    Some(_) => return Err(mismatch()),
+                }
+            }
+            let merged = RaggedBatch::interleave(&ragged, picks)?;
+            for r in ragged {
+                buffers::recycle(r.into_data());
+            }
+            Ok(Column::Ragged(merged))
+        }
+        Some(Column::Packed(_)) => {
+            let mut packed = Vec::with_capacity(parts.len());
+            for part in parts {
+                match part {
+                    None => packed.push(PackedBatch::default()),
+                    Some(Column::Packed(p)) => packed.push(p),
+                    Some(_) => return Err(mismatch()),
+                }
+            }
+            let merged = PackedBatch::interleave(&packed, picks)?;
+            for p in packed {
+                buffers::recycle(p.values);
+            }
+            Ok(Column::Packed(merged))
+        }
+        None => Err(Error::State("internal error: empty mixture batch".into())),
     }
 }
 
@@ -426,7 +643,9 @@ fn reserve_buffers(sources: &[Arc<dyn Source>], rows: usize, slots: usize) -> bu
     buffers::reserve(entries, bytes)
 }
 
-/// An endless, step-ordered stream of batches gathered by native threads.
+/// A step-ordered stream of batches gathered by native threads: endless, or
+/// a finite pass when [`LoaderConfig::epochs`] is set, over one data set
+/// ([`Loader::new`]) or a weighted mixture ([`Loader::mixture`]).
 pub struct Loader {
     shared: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -438,33 +657,156 @@ pub struct Loader {
 impl std::fmt::Debug for Loader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Loader")
-            .field("sources", &self.shared.sources.len())
-            .field("sampler", &self.shared.sampler)
+            .field("sources", &self.shared.components.len())
+            .field("streams", &self.shared.components[0].len())
+            .field("plan", &self.shared.plan)
             .field("shard", &self.shared.shard)
             .finish()
     }
 }
 
+/// The common length of `streams` (stream `m` of one source), or why not.
+fn common_length(streams: &[Arc<dyn Source>], what: &str) -> Result<u64> {
+    let length = match streams.first() {
+        Some(s) => s.len(),
+        None => {
+            return Err(Error::InvalidArgument(format!(
+                "{what} needs at least one stream"
+            )))
+        }
+    };
+    if let Some(bad) = streams.iter().find(|s| s.len() != length) {
+        return Err(Error::InvalidArgument(format!(
+            "all streams of {what} must have the same length: found {length} and {}",
+            bad.len()
+        )));
+    }
+    if length == 0 {
+        return Err(Error::InvalidArgument(format!("{what} is empty")));
+    }
+    Ok(length)
+}
+
 impl Loader {
-    /// Starts a loader over `sources`, which must be non-empty and of equal length.
+    /// Starts a loader over `sources` (the streams of one data set), which
+    /// must be non-empty and of equal length. With
+    /// [`epochs`](LoaderConfig::epochs) set it is a finite pass.
     pub fn new(sources: Vec<Arc<dyn Source>>, config: LoaderConfig) -> Result<Loader> {
-        let length = match sources.first() {
-            Some(s) => s.len(),
-            None => {
-                return Err(Error::InvalidArgument(
-                    "a loader needs at least one source".into(),
-                ))
+        let length = common_length(&sources, "a loader")?;
+        let plan = match config.epochs {
+            None => Plan::Plain(
+                Sampler::new(length, config.batch_size, config.mode, config.seed)
+                    .map_err(|e| Error::InvalidArgument(e.to_string()))?,
+            ),
+            Some(epochs) => Plan::Pass {
+                pass: Pass::new(length, config.batch_size, config.mode, config.seed, epochs)
+                    .map_err(|e| Error::InvalidArgument(e.to_string()))?,
+                offsets: None,
+            },
+        };
+        Loader::start(vec![sources], plan, config)
+    }
+
+    /// Starts a loader over a weighted mixture: `components[k]` holds the
+    /// streams of source `k` (the same number of streams in every source,
+    /// equal lengths within a source, stream `m` of every source of one
+    /// kind and record layout), `weights[k]` its weight (positive, finite;
+    /// normalised here).
+    ///
+    /// Endless ([`epochs`](LoaderConfig::epochs) `None`), each step is a
+    /// batch of [`MixtureSampler`]; a finite pass instead covers every
+    /// record of every source once per epoch, as one [`Pass`] over the
+    /// sources laid end to end in order (so weights and `proportions` play
+    /// no part: a source's share of the pass is its share of the records).
+    /// Each delivered [`Batch`] carries `sources`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use loaderx::loader::{Loader, LoaderConfig, Source};
+    /// use loaderx::mixture::Proportions;
+    /// use loaderx::store::{DenseReader, DenseWriter};
+    /// use loaderx::{Codec, DType};
+    ///
+    /// let root = std::env::temp_dir().join(format!("loaderx-mix-doc-{}", std::process::id()));
+    /// let _ = std::fs::remove_dir_all(&root);
+    /// let mut open = |name: &str, first: u8, n: u8| -> loaderx::Result<Arc<dyn Source>> {
+    ///     let dir = root.join(name);
+    ///     let mut w = DenseWriter::create(&dir, DType::parse("|u1")?, &[], Codec::Raw, None)?;
+    ///     w.append(&(first..first + n).collect::<Vec<u8>>())?;
+    ///     w.close()?;
+    ///     Ok(Arc::new(DenseReader::open(&dir)?))
+    /// };
+    /// let web = vec![open("web", 0, 30)?];    // records 0..30
+    /// let code = vec![open("code", 100, 10)?]; // records 100..110
+    /// let config = LoaderConfig { batch_size: 10, ..LoaderConfig::default() };
+    /// let mut loader = Loader::mixture(vec![web, code], vec![0.7, 0.3], Proportions::Exact, config)?;
+    /// let batch = loader.next().expect("endless")?;
+    /// let sources = batch.sources.as_ref().unwrap();
+    /// assert_eq!(sources.iter().filter(|&&k| k == 0).count(), 7);
+    /// assert_eq!(sources.iter().filter(|&&k| k == 1).count(), 3);
+    /// loader.close();
+    /// # std::fs::remove_dir_all(&root).unwrap();
+    /// # Ok::<(), loaderx::Error>(())
+    /// ```
+    pub fn mixture(
+        components: Vec<Vec<Arc<dyn Source>>>,
+        weights: Vec<f64>,
+        proportions: Proportions,
+        config: LoaderConfig,
+    ) -> Result<Loader> {
+        let streams = components.first().map_or(0, Vec::len);
+        let mut lengths = Vec::with_capacity(components.len());
+        for (k, streams_k) in components.iter().enumerate() {
+            if streams_k.len() != streams {
+                return Err(Error::InvalidArgument(format!(
+                    "every mixture source needs the same streams: source 0 has {streams}, source {k} has {}",
+                    streams_k.len()
+                )));
+            }
+            lengths.push(common_length(streams_k, &format!("mixture source {k}"))?);
+        }
+        let invalid = |e: String| Error::InvalidArgument(e);
+        // Checks the weights (and the rest) even when a pass ignores them.
+        let mixture = MixtureSampler::new(
+            &lengths,
+            &weights,
+            config.batch_size,
+            config.mode,
+            proportions,
+            config.seed,
+        )
+        .map_err(|e| invalid(e.to_string()));
+        let plan = match config.epochs {
+            None => Plan::Mixture(mixture?),
+            Some(epochs) => {
+                if let Err(e) = crate::mixture::normalise(&weights) {
+                    return Err(invalid(e.to_string()));
+                }
+                let mut offsets = Vec::with_capacity(lengths.len() + 1);
+                let mut total = 0u64;
+                offsets.push(0);
+                for &len in &lengths {
+                    total = total.checked_add(len).ok_or_else(|| {
+                        invalid("the mixture's sources hold more than 2^64 records".into())
+                    })?;
+                    offsets.push(total);
+                }
+                let pass = Pass::new(total, config.batch_size, config.mode, config.seed, epochs)
+                    .map_err(|e| invalid(e.to_string()))?;
+                Plan::Pass {
+                    pass,
+                    offsets: Some(offsets),
+                }
             }
         };
-        if let Some(bad) = sources.iter().find(|s| s.len() != length) {
-            return Err(Error::InvalidArgument(format!(
-                "all sources must have the same length: found {length} and {}",
-                bad.len()
-            )));
-        }
-        if length == 0 {
-            return Err(Error::InvalidArgument("the sources are empty".into()));
-        }
+        Loader::start(components, plan, config)
+    }
+
+    fn start(
+        components: Vec<Vec<Arc<dyn Source>>>,
+        plan: Plan,
+        config: LoaderConfig,
+    ) -> Result<Loader> {
         if config.shard_count == 0 || config.shard_index >= config.shard_count {
             return Err(Error::InvalidArgument(format!(
                 "shard_index {} must be in 0..shard_count {}",
@@ -480,12 +822,16 @@ impl Loader {
         if config.prefetch == 0 {
             return Err(Error::InvalidArgument("prefetch must be at least 1".into()));
         }
-        let mut sampler = Sampler::new(length, config.batch_size, config.mode, config.seed)
-            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        sampler.seek(config.start_step);
+        let end = plan.end();
+        if u128::from(config.start_step) > end {
+            return Err(Error::InvalidArgument(format!(
+                "start_step {} is past the end of the pass ({end} steps)",
+                config.start_step
+            )));
+        }
         // Cyclic over a space smaller than one batch draws all of it; shards
         // then split what there is.
-        let drawn = sampler.batch_len() as u64;
+        let drawn = plan.batch_len() as u64;
         let per_shard = drawn / config.shard_count;
         let lo = (config.shard_index * per_shard) as usize;
         let hi = if config.shard_index + 1 == config.shard_count {
@@ -495,11 +841,17 @@ impl Loader {
         };
         // A prefetch of 1 acts as 2 (see `LoaderConfig::prefetch`).
         let slots = config.prefetch.max(2);
-        let reservation = reserve_buffers(&sources, hi - lo, slots);
+        // Merged mixture batches come from the cache as well as the parts.
+        let mut hinted: Vec<Arc<dyn Source>> = components.iter().flatten().cloned().collect();
+        if components.len() > 1 {
+            hinted.extend(components[0].iter().cloned());
+        }
+        let reservation = reserve_buffers(&hinted, hi - lo, slots);
         let shared = Arc::new(Shared {
-            sources,
+            components,
             lent: config.lent.clone(),
-            sampler,
+            plan,
+            end,
             shard: lo..hi,
             capacity: slots as u64,
             state: Mutex::new(State {
@@ -545,6 +897,15 @@ impl Loader {
         self.shared.lock().next_deliver.min(u64::MAX as u128) as u64
     }
 
+    /// Steps of a finite pass (see [`LoaderConfig::epochs`]); `None` when
+    /// endless.
+    pub fn steps(&self) -> Option<u64> {
+        match &self.shared.plan {
+            Plan::Pass { pass, .. } => Some(pass.steps()),
+            _ => None,
+        }
+    }
+
     /// Records per delivered batch (this shard's slice).
     pub fn shard_batch_len(&self) -> usize {
         self.shared.shard.len()
@@ -563,7 +924,8 @@ impl Loader {
             if st.closed {
                 return Next::Closed;
             }
-            if st.next_deliver > u64::MAX as u128 {
+            if st.next_deliver >= self.shared.end {
+                // Past the last step (of a finite pass, or of u64).
                 return Next::Closed;
             }
             let step = st.next_deliver as u64;
@@ -652,6 +1014,7 @@ impl Drop for Loader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mixture::MixtureSampler;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A source whose record i is the 8-byte little-endian value i.
@@ -1021,6 +1384,216 @@ mod tests {
             l.next_timeout(Duration::from_secs(5)),
             Next::Closed
         ));
+    }
+
+    /// A source whose record i is the 8-byte value `tag * 1000 + i`.
+    struct Tagged {
+        len: u64,
+        tag: u64,
+    }
+
+    impl Source for Tagged {
+        fn len(&self) -> u64 {
+            self.len
+        }
+        fn gather(&self, indices: &[u64]) -> Result<Column> {
+            Ok(Column::Dense(DenseBatch {
+                data: indices
+                    .iter()
+                    .flat_map(|i| (self.tag * 1000 + i).to_le_bytes())
+                    .collect::<Vec<u8>>()
+                    .into(),
+                rows: indices.len(),
+                width: 8,
+            }))
+        }
+    }
+
+    fn tagged(lengths: &[u64]) -> Vec<Vec<Arc<dyn Source>>> {
+        lengths
+            .iter()
+            .enumerate()
+            .map(|(k, &len)| {
+                let s: Arc<dyn Source> = Arc::new(Tagged { len, tag: k as u64 });
+                vec![s.clone(), s]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_finite_pass_covers_every_record_once_on_any_shard_count() {
+        for shards in [1u64, 2, 3, 4] {
+            let mut seen = Vec::new();
+            for shard in 0..shards {
+                let mut loader = Loader::new(
+                    vec![counting(53)],
+                    LoaderConfig {
+                        batch_size: 12,
+                        epochs: Some(2),
+                        shard_index: shard,
+                        shard_count: shards,
+                        ..LoaderConfig::default()
+                    },
+                )
+                .unwrap();
+                assert_eq!(loader.steps(), Some(10));
+                let batches: Vec<Batch> = loader.by_ref().map(|b| b.unwrap()).collect();
+                assert_eq!(batches.len(), 10, "every shard takes every step");
+                for b in batches {
+                    let mask = b.mask.clone().unwrap();
+                    assert_eq!(mask.len() as u64, 12 / shards);
+                    assert_eq!(values(&b), b.indices);
+                    let epoch = b.step / 5;
+                    seen.extend(
+                        b.indices
+                            .iter()
+                            .zip(&mask)
+                            .filter(|(_, &m)| m)
+                            .map(|(&i, _)| (epoch, i)),
+                    );
+                }
+                assert!(loader.next().is_none());
+            }
+            seen.sort_unstable();
+            let want: Vec<(u64, u64)> = (0..2).flat_map(|e| (0..53).map(move |i| (e, i))).collect();
+            assert_eq!(seen, want, "{shards} shards");
+        }
+    }
+
+    #[test]
+    fn a_finite_pass_resumes_and_refuses_to_start_past_its_end() {
+        let config = |start_step| LoaderConfig {
+            batch_size: 8,
+            epochs: Some(1),
+            start_step,
+            ..LoaderConfig::default()
+        };
+        let full: Vec<Vec<u64>> = Loader::new(vec![counting(30)], config(0))
+            .unwrap()
+            .map(|b| b.unwrap().indices)
+            .collect();
+        assert_eq!(full.len(), 4);
+        let resumed: Vec<Vec<u64>> = Loader::new(vec![counting(30)], config(3))
+            .unwrap()
+            .map(|b| b.unwrap().indices)
+            .collect();
+        assert_eq!(resumed, &full[3..]);
+        let mut at_end = Loader::new(vec![counting(30)], config(4)).unwrap();
+        assert!(at_end.next().is_none());
+        assert!(Loader::new(vec![counting(30)], config(5)).is_err());
+        let iid = LoaderConfig {
+            mode: Mode::Iid,
+            ..config(0)
+        };
+        assert!(Loader::new(vec![counting(30)], iid).is_err());
+    }
+
+    #[test]
+    fn mixture_batches_follow_the_mixture_sampler_on_every_shard() {
+        let lengths = [40u64, 25, 9];
+        let weights = vec![5.0, 2.0, 1.0];
+        for proportions in [Proportions::Exact, Proportions::Iid] {
+            let sampler =
+                MixtureSampler::new(&lengths, &weights, 16, Mode::Cyclic, proportions, 3).unwrap();
+            for shards in [1u64, 2, 4] {
+                let mut joined: Vec<(Vec<u32>, Vec<u64>)> = vec![Default::default(); 6];
+                for shard in 0..shards {
+                    let config = LoaderConfig {
+                        batch_size: 16,
+                        seed: 3,
+                        shard_index: shard,
+                        shard_count: shards,
+                        start_step: 2,
+                        ..LoaderConfig::default()
+                    };
+                    let loader =
+                        Loader::mixture(tagged(&lengths), weights.clone(), proportions, config)
+                            .unwrap();
+                    for (b, joint) in loader.take(6).zip(joined.iter_mut()) {
+                        let b = b.unwrap();
+                        let sources = b.sources.clone().unwrap();
+                        assert!(b.mask.is_none());
+                        let want: Vec<u64> = sources
+                            .iter()
+                            .zip(&b.indices)
+                            .map(|(&k, &i)| u64::from(k) * 1000 + i)
+                            .collect();
+                        assert_eq!(values(&b), want);
+                        joint.0.extend(sources);
+                        joint.1.extend(b.indices);
+                    }
+                }
+                for (t, joint) in joined.into_iter().enumerate() {
+                    assert_eq!(joint, sampler.batch_at(2 + t as u64), "{shards} shards");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_finite_mixture_pass_takes_every_source_once() {
+        let lengths = [10u64, 7, 3];
+        for mode in [Mode::Sequential, Mode::Cyclic] {
+            let config = LoaderConfig {
+                batch_size: 6,
+                mode,
+                epochs: Some(1),
+                ..LoaderConfig::default()
+            };
+            let loader = Loader::mixture(
+                tagged(&lengths),
+                vec![1.0, 1.0, 1.0],
+                Proportions::Exact,
+                config,
+            )
+            .unwrap();
+            assert_eq!(loader.steps(), Some(4));
+            let mut seen = Vec::new();
+            for b in loader {
+                let b = b.unwrap();
+                let mask = b.mask.clone().unwrap();
+                for ((&v, &m), (&k, &i)) in values(&b)
+                    .iter()
+                    .zip(&mask)
+                    .zip(b.sources.as_ref().unwrap().iter().zip(&b.indices))
+                {
+                    assert_eq!(v, u64::from(k) * 1000 + i);
+                    if m {
+                        seen.push(v);
+                    }
+                }
+            }
+            if mode == Mode::Sequential {
+                // Sources laid end to end, in order.
+                let want: Vec<u64> = (0..10).chain(1000..1007).chain(2000..2003).collect();
+                assert_eq!(seen, want);
+            }
+            seen.sort_unstable();
+            let want: Vec<u64> = (0..10).chain(1000..1007).chain(2000..2003).collect();
+            assert_eq!(seen, want, "{mode}");
+        }
+    }
+
+    #[test]
+    fn bad_mixtures_are_refused() {
+        let config = LoaderConfig {
+            batch_size: 4,
+            ..LoaderConfig::default()
+        };
+        let mixture = |c: Vec<Vec<Arc<dyn Source>>>, w: Vec<f64>| {
+            Loader::mixture(c, w, Proportions::Exact, config.clone())
+        };
+        assert!(mixture(vec![], vec![]).is_err());
+        assert!(mixture(tagged(&[5, 5]), vec![1.0]).is_err());
+        assert!(mixture(tagged(&[5, 5]), vec![1.0, f64::NAN]).is_err());
+        assert!(mixture(tagged(&[5, 0]), vec![1.0, 1.0]).is_err());
+        let mut uneven = tagged(&[5, 5]);
+        uneven[1].pop();
+        assert!(mixture(uneven, vec![1.0, 1.0]).is_err());
+        let mut unequal = tagged(&[5, 5]);
+        unequal[1][1] = Arc::new(Tagged { len: 6, tag: 1 });
+        let err = mixture(unequal, vec![1.0, 1.0]).unwrap_err();
+        assert!(err.to_string().contains("mixture source 1"), "{err}");
     }
 
     /// A source whose gathers take `delay`, counting those that finish.

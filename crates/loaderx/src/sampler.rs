@@ -44,6 +44,16 @@
 //!   `lo ^= mix32(hi ^ key) & lo_mask`, odd rounds
 //!   `hi ^= mix32(lo ^ key) & hi_mask`. Values at or above `length` are fed
 //!   through the network again until they fall below it.
+//! * Position streams: mixtures ([`crate::mixture`]) and finite passes
+//!   ([`crate::pass`]) read each source through the sampler's *position
+//!   stream*, record `r(q)` for positions `q = 0, 1, 2, ...` (taken modulo
+//!   2^64 where a key needs them). Sequential: `r(q) = q % length`. IID: the
+//!   single draw of batch `q` of a batch-size-1 sampler with the same seed.
+//!   Cyclic: position `q % length` of the permutation of cycle
+//!   `q / length`, the same permutation as the batch stream's cycle of that
+//!   number; so each run of `length` positions starting at a multiple of
+//!   `length` is every record exactly once, with no tail left out. The
+//!   batch size plays no part.
 
 use std::fmt;
 
@@ -167,7 +177,7 @@ fn mix64(mut z: u64) -> u64 {
 /// bijection of `x` (and vice versa), so distinct counters never share a
 /// subkey.
 #[inline]
-fn derive(key: u64, x: u64) -> u64 {
+pub(crate) fn derive(key: u64, x: u64) -> u64 {
     mix64(key ^ mix64(x.wrapping_add(GOLDEN)))
 }
 
@@ -586,6 +596,125 @@ impl Sampler {
         let mut out = vec![0; self.batch_len];
         self.fill(step, &mut out);
         out
+    }
+
+    /// Writes the records at positions `first..first + out.len()` of the
+    /// sampler's position stream (see the module's "Position streams"):
+    /// what [`MixtureSampler`](crate::mixture::MixtureSampler) and
+    /// [`Pass`](crate::pass::Pass) read a source through. Depends only on
+    /// `length`, `mode` and `seed`, never on `batch_size`.
+    pub(crate) fn fill_positions(&self, first: u128, out: &mut [u64]) {
+        let n = u128::from(self.length);
+        match self.mode {
+            Mode::Sequential => {
+                let mut idx = (first % n) as u64;
+                for o in out.iter_mut() {
+                    *o = idx;
+                    idx += 1;
+                    if idx == self.length {
+                        idx = 0;
+                    }
+                }
+            }
+            Mode::Iid => {
+                for (o, q) in out.iter_mut().zip(0u64..) {
+                    *o = self.iid_at((first as u64).wrapping_add(q));
+                }
+            }
+            Mode::Cyclic => {
+                // Split the run where it crosses into the next cycle, and
+                // into pieces of at most one chunk (the cycle-walking queue
+                // addresses positions inside a chunk with 32 bits).
+                let mut q = first;
+                let mut rest = out;
+                while !rest.is_empty() {
+                    let pos = (q % n) as u64;
+                    let in_cycle = self.length - pos;
+                    let take = usize::try_from(in_cycle)
+                        .map_or(rest.len(), |r| r.min(rest.len()))
+                        .min(CHUNK);
+                    let (head, tail) = rest.split_at_mut(take);
+                    let feistel = Feistel::new(self.domain_bits, derive(self.key, (q / n) as u64));
+                    self.fill_cyclic(&feistel, pos, head);
+                    q += take as u128;
+                    rest = tail;
+                }
+            }
+        }
+    }
+
+    /// Writes the records at positions `first + offsets[i]` of the position
+    /// stream into `out[i]`. Offsets must ascend (a cyclic permutation is set
+    /// up once per cycle met, not once per position).
+    pub(crate) fn fill_positions_at(&self, first: u128, offsets: &[u64], out: &mut [u64]) {
+        debug_assert_eq!(offsets.len(), out.len());
+        if self.mode == Mode::Iid {
+            for (o, &off) in out.iter_mut().zip(offsets) {
+                *o = self.iid_at((first as u64).wrapping_add(off));
+            }
+            return;
+        }
+        let n = self.length;
+        // One 128-bit division for the first position; the ascending
+        // offsets then advance (cycle, position) with 64-bit arithmetic.
+        let mut last = offsets.first().copied().unwrap_or(0);
+        let start = first + u128::from(last);
+        let mut cycle = (start / u128::from(n)) as u64;
+        let mut pos = (start % u128::from(n)) as u64;
+        let mut feistel = Feistel::new(self.domain_bits, derive(self.key, cycle));
+        for (o, &off) in out.iter_mut().zip(offsets) {
+            let delta = off - last;
+            last = off;
+            if delta > 0 {
+                let (whole, part) = (delta / n, delta % n);
+                let mut next_cycle = cycle.wrapping_add(whole);
+                pos += part;
+                if pos >= n {
+                    pos -= n;
+                    next_cycle = next_cycle.wrapping_add(1);
+                }
+                if next_cycle != cycle && self.mode == Mode::Cyclic {
+                    feistel = Feistel::new(self.domain_bits, derive(self.key, next_cycle));
+                }
+                cycle = next_cycle;
+            }
+            *o = match self.mode {
+                Mode::Cyclic => {
+                    let mut x = [pos];
+                    loop {
+                        feistel.apply_block::<u64, 1>(&mut x);
+                        if x[0] < n {
+                            break x[0];
+                        }
+                    }
+                }
+                _ => pos,
+            };
+        }
+    }
+
+    /// Position `q` of the IID position stream: the one draw of batch `q` of
+    /// a sampler with batch size 1 (same stream keys, same rejection rule).
+    fn iid_at(&self, q: u64) -> u64 {
+        let stream = derive(derive(self.key, q), 0);
+        let mut main = SplitMix64(stream);
+        let mut retry = SplitMix64(derive(stream, DOMAIN_RETRY));
+        let n = self.length;
+        if n <= 1 << 32 {
+            let m = (main.next_u64() & 0xffff_ffff) * n;
+            if m & 0xffff_ffff >= self.iid_threshold {
+                m >> 32
+            } else {
+                retry.bounded32(n, self.iid_threshold)
+            }
+        } else {
+            let n = u128::from(n);
+            let mut m = u128::from(main.next_u64()) * n;
+            while (m as u64) < self.iid_threshold {
+                m = u128::from(retry.next_u64()) * n;
+            }
+            (m >> 64) as u64
+        }
     }
 
     /// Fills chunk number `chunk` of batch `step` with the fastest kernel
@@ -1344,6 +1473,57 @@ mod tests {
             quarters[(v * 4 / n) as usize] += 1;
         }
         assert!(chi_square(&quarters) < 16.266, "{quarters:?}");
+    }
+
+    #[test]
+    fn position_streams_are_batch_one_draws() {
+        // Position q of the stream is batch q of a batch-size-1 sampler,
+        // whatever the batch size of the sampler asked; runs and scattered
+        // reads agree, across cycle and chunk boundaries.
+        for mode in [Mode::Sequential, Mode::Iid, Mode::Cyclic] {
+            for n in [1u64, 7, 100, 4097, (1 << 32) + 1] {
+                let one = Sampler::new(n, 1, mode, 9).unwrap();
+                let wide = Sampler::new(n, 64, mode, 9).unwrap();
+                for first in [0u128, 5, 12_345, u128::from(n) * 3 - 2] {
+                    let mut run = vec![0; 300];
+                    wide.fill_positions(first, &mut run);
+                    let want: Vec<u64> = (0..300u128)
+                        .map(|i| one.batch_at((first + i) as u64)[0])
+                        .collect();
+                    assert_eq!(run, want, "{mode} n={n} first={first}");
+                    let offsets: Vec<u64> = (0..300).filter(|o| o % 3 != 1).collect();
+                    let mut picked = vec![0; offsets.len()];
+                    one.fill_positions_at(first, &offsets, &mut picked);
+                    let expect: Vec<u64> = offsets.iter().map(|&o| want[o as usize]).collect();
+                    assert_eq!(picked, expect, "{mode} n={n} first={first}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn cyclic_position_stream_covers_each_cycle_in_full() {
+        // Every cycle of the position stream is a permutation of all of
+        // 0..n (no tail skipped), and starts like the batch stream's cycle
+        // of the same number.
+        let n = 2 * CHUNK as u64 + 77; // runs longer than a chunk
+        let s = Sampler::new(n, 1000, Mode::Cyclic, 3).unwrap();
+        for cycle in [0u64, 1, 5] {
+            let mut all = vec![0; n as usize];
+            s.fill_positions(u128::from(cycle) * u128::from(n), &mut all);
+            let per_cycle = s.batches_per_cycle();
+            assert_eq!(&all[..1000], &s.batch_at(cycle * per_cycle)[..]);
+            assert_eq!(&all[1000..2000], &s.batch_at(cycle * per_cycle + 1)[..]);
+            all.sort_unstable();
+            assert!(all.iter().enumerate().all(|(i, &v)| v == i as u64));
+        }
+        // A run across the end of a cycle continues with the next one.
+        let small = Sampler::new(10, 4, Mode::Cyclic, 3).unwrap();
+        let mut run = vec![0; 25];
+        small.fill_positions(5, &mut run);
+        let mut next_cycle = run[5..15].to_vec();
+        next_cycle.sort_unstable();
+        assert_eq!(next_cycle, (0..10).collect::<Vec<_>>());
     }
 
     #[test]

@@ -164,6 +164,132 @@ impl RaggedBatch {
     }
 }
 
+/// Takes the next unused record of `parts[picks[j]]` for each `j`; the
+/// cursor bookkeeping shared by the interleaving merges of mixtures.
+fn interleave_order(lens: &[usize], picks: &[u32]) -> Result<Vec<(usize, usize)>> {
+    let mut next = vec![0usize; lens.len()];
+    picks
+        .iter()
+        .map(|&p| {
+            let p = p as usize;
+            match (lens.get(p), next.get_mut(p)) {
+                (Some(&len), Some(i)) if *i < len => {
+                    *i += 1;
+                    Ok((p, *i - 1))
+                }
+                _ => Err(Error::State(format!(
+                    "internal error: no record left in mixture part {p}"
+                ))),
+            }
+        })
+        .collect()
+}
+
+impl RaggedBatch {
+    /// Interleaves the records of `parts` (one batch per mixture source)
+    /// into one batch: record `j` is the next unused record of part
+    /// `picks[j]`. Every part must share one item size.
+    pub fn interleave(parts: &[RaggedBatch], picks: &[u32]) -> Result<RaggedBatch> {
+        let lens: Vec<usize> = parts.iter().map(RaggedBatch::len).collect();
+        let order = interleave_order(&lens, picks)?;
+        let itemsize = parts
+            .iter()
+            .find(|b| !b.is_empty())
+            .map_or(1, |b| b.itemsize);
+        if parts
+            .iter()
+            .any(|b| !b.is_empty() && b.itemsize != itemsize)
+        {
+            return Err(Error::InvalidArgument(
+                "mixture sources disagree on a Ragged stream's item size".into(),
+            ));
+        }
+        let total: usize = order.iter().map(|&(p, i)| parts[p].payloads[i].len()).sum();
+        let mut data = crate::buffers::take(total)
+            .ok_or_else(|| Error::OutOfMemory(format!("a merged batch of {total} bytes")))?;
+        let mut payloads = Vec::with_capacity(order.len());
+        let mut shape_starts = Vec::with_capacity(order.len() + 1);
+        let mut dims = Vec::new();
+        shape_starts.push(0);
+        let mut at = 0usize;
+        for (p, i) in order {
+            let src = parts[p].payload(i);
+            data[at..at + src.len()].copy_from_slice(src);
+            payloads.push(at..at + src.len());
+            at += src.len();
+            dims.extend_from_slice(parts[p].shape(i));
+            shape_starts.push(dims.len());
+        }
+        Ok(RaggedBatch {
+            data,
+            payloads,
+            shape_starts,
+            dims,
+            itemsize,
+        })
+    }
+}
+
+impl PackedBatch {
+    /// Interleaves packed batches (one per mixture source) like
+    /// [`RaggedBatch::interleave`]: record `j` is the next unused record of
+    /// part `picks[j]`. Parts must share one rank and one item size.
+    pub fn interleave(parts: &[PackedBatch], picks: &[u32]) -> Result<PackedBatch> {
+        let lens: Vec<usize> = parts.iter().map(PackedBatch::len).collect();
+        let order = interleave_order(&lens, picks)?;
+        let mismatch = |what: &str| {
+            Error::InvalidArgument(format!(
+                "mixture sources disagree on a packed stream's {what}"
+            ))
+        };
+        // A packed batch keeps no item size: it is bytes over elements.
+        let mut itemsize = None;
+        let mut ndim = None;
+        for b in parts.iter().filter(|b| !b.is_empty()) {
+            if ndim.replace(b.ndim).is_some_and(|d| d != b.ndim) {
+                return Err(mismatch("rank"));
+            }
+            let elements = *b.cu_seqlens.last().unwrap_or(&0) as usize;
+            if let Some(size) = b.values.len().checked_div(elements) {
+                if itemsize.replace(size).is_some_and(|s| s != size) {
+                    return Err(mismatch("item size"));
+                }
+            }
+        }
+        let (itemsize, ndim) = (itemsize.unwrap_or(1), ndim.unwrap_or(0));
+        let span = |p: usize, i: usize| {
+            let cu = &parts[p].cu_seqlens;
+            (cu[i] as usize * itemsize)..(cu[i + 1] as usize * itemsize)
+        };
+        let total: usize = order.iter().map(|&(p, i)| span(p, i).len()).sum();
+        let mut values = crate::buffers::take(total)
+            .ok_or_else(|| Error::OutOfMemory(format!("a merged batch of {total} bytes")))?;
+        let mut cu_seqlens = Vec::with_capacity(order.len() + 1);
+        cu_seqlens.push(0i32);
+        let mut shapes = Vec::with_capacity(order.len() * ndim);
+        let mut at = 0usize;
+        for (p, i) in order {
+            let r = span(p, i);
+            values[at..at + r.len()].copy_from_slice(&parts[p].values[r.clone()]);
+            at += r.len();
+            let elements = i32::try_from(at / itemsize).map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "a packed batch holds at most {} elements; these records hold more",
+                    i32::MAX
+                ))
+            })?;
+            cu_seqlens.push(elements);
+            shapes.extend_from_slice(&parts[p].shapes[i * ndim..(i + 1) * ndim]);
+        }
+        Ok(PackedBatch {
+            values,
+            cu_seqlens,
+            shapes,
+            ndim,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,5 +353,43 @@ mod tests {
         let p = RaggedBatch::default().into_packed().unwrap();
         assert_eq!(p.cu_seqlens, [0]);
         assert!(p.is_empty() && p.values.is_empty());
+    }
+
+    #[test]
+    fn interleave_takes_records_in_pick_order() {
+        let a = batch_of(&[(&[2], &[1, 0, 2, 0]), (&[1], &[3, 0])]);
+        let b = batch_of(&[(&[1, 2], &[9, 0, 8, 0])]);
+        let picks = [1u32, 0, 0];
+        let merged = RaggedBatch::interleave(&[a, b], &picks).unwrap();
+        assert_eq!(merged.len(), 3);
+        assert_eq!(
+            (merged.shape(0), merged.payload(0)),
+            (&[1u64, 2][..], &[9u8, 0, 8, 0][..])
+        );
+        assert_eq!(
+            (merged.shape(1), merged.payload(1)),
+            (&[2u64][..], &[1u8, 0, 2, 0][..])
+        );
+        assert_eq!(
+            (merged.shape(2), merged.payload(2)),
+            (&[1u64][..], &[3u8, 0][..])
+        );
+        // Asking a part for more records than it has is an error, not a panic.
+        let a = batch_of(&[(&[1], &[3, 0])]);
+        assert!(RaggedBatch::interleave(&[a], &[0, 0]).is_err());
+
+        let a = batch_of(&[(&[2], &[1, 0, 2, 0]), (&[1], &[3, 0])])
+            .into_packed()
+            .unwrap();
+        let b = batch_of(&[(&[3], &[7, 0, 8, 0, 9, 0])])
+            .into_packed()
+            .unwrap();
+        let merged = PackedBatch::interleave(&[a, b], &[0, 1, 0]).unwrap();
+        assert_eq!(merged.values, [1, 0, 2, 0, 7, 0, 8, 0, 9, 0, 3, 0]);
+        assert_eq!(merged.cu_seqlens, [0, 2, 5, 6]);
+        assert_eq!(merged.shapes, [2, 3, 1]);
+        let flat = batch_of(&[(&[1], &[3, 0])]).into_packed().unwrap();
+        let square = batch_of(&[(&[1, 1], &[3, 0])]).into_packed().unwrap();
+        assert!(PackedBatch::interleave(&[flat, square], &[0, 1]).is_err());
     }
 }
