@@ -16,9 +16,10 @@ from typing import Any, Callable, Iterable, Mapping
 
 from loaderx import _native
 from loaderx._distributed import distributed_shard
+from loaderx._shapes import Pack, Pad, resolve as _resolve_shapes
 from loaderx.zrecord import Dense, Ragged, _Store
 
-__all__ = ["DataLoader", "identity", "distributed_shard"]
+__all__ = ["DataLoader", "identity", "distributed_shard", "Pad", "Pack"]
 
 Batch = dict
 
@@ -90,6 +91,15 @@ class DataLoader:
     * ``packed``: True, or names of Ragged streams, to receive those streams as
       ``(values, cu_seqlens, shapes)`` (see ``Ragged.gather_packed``) instead
       of a list of arrays.
+    * ``pad`` / ``pack``: ``{name: spec}`` of Ragged streams to receive at a
+      fixed shape, so a compiled step never sees a new one: padded to a
+      length (``pad={"ids": (512, 0)}`` or ``Pad(...)``: ``ids``
+      ``[batch, 512]`` plus ``ids_mask`` and ``ids_lengths``), or packed whole
+      into rows of ``max_tokens`` slots (``pack={"ids": 4096}`` or
+      ``Pack(...)``: ``ids``, ``ids_segment_ids``, ``ids_positions``
+      ``[rows, 4096]`` plus ``ids_placement`` and ``ids_dropped``). Done
+      natively per batch, so resume and sharding are unchanged; a transform
+      sees the shaped batch. See ``Pad``, ``Pack`` and docs/shapes.md.
 
     At most ``prefetch_size + transform_workers + 1`` batches are alive, and
     with the identity transform a ``for`` loop sees at most
@@ -128,6 +138,8 @@ class DataLoader:
         shard_index: int = 0,
         shard_count: int = 1,
         packed: bool | Iterable[str] = False,
+        pad: Mapping[str, Any] | None = None,
+        pack: Mapping[str, Any] | None = None,
     ) -> None:
         self._closed = True  # until fully started, so close() is safe
         if not isinstance(streams, Mapping) or len(streams) == 0:
@@ -180,6 +192,9 @@ class DataLoader:
                 raise ValueError(
                     f"packed names streams that are not Ragged streams of this loader: {sorted(unknown)}"
                 )
+        # Padded and row-packed streams add entries to the batch: _out_names
+        # are the batch's keys, in the order the native loader gives values.
+        self._pad, self._pack, self._out_names = _resolve_shapes(streams, ragged, self._packed, pad, pack)
         # Memory lent by an adapter (loaderx.torch's pinned buffers) for the
         # Dense columns; see _lend.
         self._lent: Any = None
@@ -205,8 +220,10 @@ class DataLoader:
             self._shard_count,
             max(2, prefetch) if remote else 2,
             self._lent,
+            self._pad,
+            self._pack,
         )
-        self._pipe = _Pipeline(core, self._names, self._transform, self._transform_workers, step)
+        self._pipe = _Pipeline(core, self._out_names, self._transform, self._transform_workers, step)
         self._closed = False
         # The pipeline's threads hold the pipeline, never the loader, so an
         # abandoned loader is collected and its threads told to stop.

@@ -7,13 +7,14 @@ use std::time::Duration;
 use loaderx::lent::LentPool;
 use loaderx::loader::{Column, Loader, LoaderConfig, Next, Packed, Source};
 use loaderx::sampler::Mode;
+use loaderx::shape::{PackSpec, PadSpec, Padded, Policy, RowPacked, Side};
 use numpy::npyffi::npy_intp;
 use numpy::{PyArray1, PyArrayDescr, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-use crate::arrays::{dense_array, packed_tuple, ragged_list};
+use crate::arrays::{dense_array, packed_tuple, padded_arrays, ragged_list, row_packed_arrays};
 use crate::errors::{to_py, IntoPyResult};
 use crate::store::ReaderHandle;
 
@@ -29,6 +30,52 @@ const POLL: Duration = Duration::from_millis(50);
 struct StreamInfo {
     dtype: Py<PyArrayDescr>,
     item_shape: Option<Vec<npy_intp>>,
+}
+
+/// A stream's padding as Python passes it: `(length, value item bytes,
+/// side, truncate, mask, lengths)`.
+type PadArgs = (usize, Vec<u8>, String, String, bool, bool);
+/// A stream's packing as Python passes it: `(max_tokens, rows, policy,
+/// value item bytes)`.
+type PackArgs = (usize, Option<usize>, String, Vec<u8>);
+
+fn side(what: &str, s: &str) -> PyResult<Side> {
+    match s {
+        "right" => Ok(Side::Right),
+        "left" => Ok(Side::Left),
+        _ => Err(PyValueError::new_err(format!(
+            "{what} must be 'right' or 'left', got {s:?}"
+        ))),
+    }
+}
+
+fn pad_spec((length, value, pad_side, truncate, mask, lengths): PadArgs) -> PyResult<PadSpec> {
+    Ok(PadSpec {
+        length,
+        value,
+        side: side("side", &pad_side)?,
+        truncate: side("truncate", &truncate)?,
+        mask,
+        lengths,
+    })
+}
+
+fn pack_spec((max_tokens, rows, policy, value): PackArgs) -> PyResult<PackSpec> {
+    let policy = match policy.as_str() {
+        "first_fit" => Policy::FirstFit,
+        "best_fit" => Policy::BestFit,
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "policy must be 'first_fit' or 'best_fit', got {policy:?}"
+            )))
+        }
+    };
+    Ok(PackSpec {
+        max_tokens,
+        rows,
+        policy,
+        value,
+    })
 }
 
 /// Memory a Python consumer lends to loaders for their Dense columns
@@ -86,9 +133,11 @@ pub struct LoaderHandle {
 
 #[pymethods]
 impl LoaderHandle {
-    /// Starts gathering `readers` (ReaderHandle objects) with numpy dtypes `dtypes`.
+    /// Starts gathering `readers` (ReaderHandle objects) with numpy dtypes
+    /// `dtypes`. `pad` and `pack`, when given, hold one entry per reader:
+    /// None, or that stream's padding / packing (see `PadArgs`, `PackArgs`).
     #[new]
-    #[pyo3(signature = (readers, dtypes, packed, batch_size, mode, seed, start_step, prefetch, shard_index, shard_count, producers, lent=None))]
+    #[pyo3(signature = (readers, dtypes, packed, batch_size, mode, seed, start_step, prefetch, shard_index, shard_count, producers, lent=None, pad=None, pack=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -104,16 +153,27 @@ impl LoaderHandle {
         shard_count: u64,
         producers: usize,
         lent: Option<Bound<'_, LentPoolHandle>>,
+        pad: Option<Vec<Option<PadArgs>>>,
+        pack: Option<Vec<Option<PackArgs>>>,
     ) -> PyResult<Self> {
-        if readers.len() != dtypes.len() || readers.len() != packed.len() {
+        let n = readers.len();
+        let pad = pad.unwrap_or_else(|| vec![None; n]);
+        let pack = pack.unwrap_or_else(|| vec![None; n]);
+        if [dtypes.len(), packed.len(), pad.len(), pack.len()]
+            .iter()
+            .any(|&l| l != n)
+        {
             return Err(PyValueError::new_err(
-                "one dtype and one packed flag per reader",
+                "one dtype, packed flag, pad and pack entry per reader",
             ));
         }
         let mode = Mode::try_from(mode).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let mut sources: Vec<Arc<dyn Source>> = Vec::with_capacity(readers.len());
         let mut streams = Vec::with_capacity(readers.len());
-        for ((reader, dtype), pack) in readers.iter().zip(dtypes).zip(packed) {
+        let shaping = pad.into_iter().zip(pack);
+        for (((reader, dtype), packed), (pad, pack)) in
+            readers.iter().zip(dtypes).zip(packed).zip(shaping)
+        {
             let handle = reader.get();
             let store = handle.reader()?;
             streams.push(StreamInfo {
@@ -122,11 +182,18 @@ impl LoaderHandle {
                     .item_shape_dims()
                     .map(|s| s.iter().map(|&d| d as npy_intp).collect()),
             });
-            if pack {
-                sources.push(Arc::new(Packed(store)));
-            } else {
-                sources.push(store);
-            }
+            let source: Arc<dyn Source> = match (packed, pad, pack) {
+                (false, None, None) => store,
+                (true, None, None) => Arc::new(Packed(store)),
+                (false, Some(p), None) => Arc::new(Padded::new(store, pad_spec(p)?).py(py)?),
+                (false, None, Some(p)) => Arc::new(RowPacked::new(store, pack_spec(p)?).py(py)?),
+                _ => {
+                    return Err(PyValueError::new_err(
+                        "a stream can be packed, padded or packed into rows, not several",
+                    ))
+                }
+            };
+            sources.push(source);
         }
         let config = LoaderConfig {
             batch_size,
@@ -143,8 +210,11 @@ impl LoaderHandle {
         Ok(LoaderHandle { loader, streams })
     }
 
-    /// The next batch in step order as `(step, [value per stream])`, or None
-    /// once the loader is closed. Waits with the GIL released.
+    /// The next batch in step order as `(step, [values])`, or None once the
+    /// loader is closed. Waits with the GIL released. Streams give one value
+    /// each, in order, except padded ones (values, then the mask and the
+    /// lengths when asked for) and ones packed into rows (values, segment
+    /// ids, positions, placement, dropped count).
     fn next<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
         loop {
             match py.detach(|| self.loader.next_timeout(POLL)) {
@@ -160,6 +230,18 @@ impl LoaderHandle {
                             }
                             Column::Ragged(r) => ragged_list(py, r, dtype)?.into_any(),
                             Column::Packed(p) => packed_tuple(py, p, dtype)?.into_any(),
+                            Column::Padded(p) => {
+                                for array in padded_arrays(py, p, dtype)? {
+                                    values.append(array)?;
+                                }
+                                continue;
+                            }
+                            Column::RowPacked(p) => {
+                                for array in row_packed_arrays(py, p, dtype)? {
+                                    values.append(array)?;
+                                }
+                                continue;
+                            }
                         };
                         values.append(value)?;
                     }

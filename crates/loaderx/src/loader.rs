@@ -57,6 +57,7 @@ use crate::buffers;
 use crate::error::{Error, Result};
 use crate::lent::{BatchBytes, LentPool};
 use crate::sampler::{Mode, Sampler};
+use crate::shape;
 use crate::store::{DenseReader, PackedBatch, RaggedBatch, RaggedReader, StoreReader};
 
 /// The Dense part of a batch: `rows` records of `width` bytes, back to back.
@@ -80,6 +81,10 @@ pub enum Column {
     Ragged(RaggedBatch),
     /// Variable-shape records packed back to back (see [`Packed`]).
     Packed(PackedBatch),
+    /// Records padded to one length (see [`shape::Padded`]).
+    Padded(shape::PaddedBatch),
+    /// Records packed into fixed rows (see [`shape::RowPacked`]).
+    RowPacked(shape::RowPackedBatch),
 }
 
 /// Something a loader can gather from: a store reader, typically.
