@@ -5,6 +5,8 @@ layout (docs/shapes.md), built from the records the batch holds (an "id"
 Dense stream says which).
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ from loaderx.dataloader import DataLoader, Pack, Pad
 from loaderx.zrecord import Dense, Ragged
 
 N = 97
+DOC = Path(__file__).resolve().parents[1] / "docs" / "shapes.md"
 
 
 def lognormal_lengths(seed, n=N, hi=300):
@@ -399,3 +402,12 @@ def test_records_that_cannot_be_shaped_fail_the_step(tmp_path):
     with ids, t, DataLoader({"t": t}, batch_size=8, pack={"t": 2**29}) as dl:
         with pytest.raises(ValueError, match="over the limit"):
             next(dl)
+
+
+def test_the_jax_example_in_the_docs_compiles_once(tmp_path, monkeypatch):
+    pytest.importorskip("jax")
+    block = DOC.read_text().split("## A jitted JAX step", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(block, str(DOC), "exec"), scope)
+    assert scope["traces"] == [1]

@@ -113,7 +113,14 @@ class LoaderHandle:
         shard_count: int,
         producers: int,
         lent: Optional[LentPool] = None,
+        # Per reader: None, or (length, pad item bytes, side, truncate, mask, lengths).
+        pad: Optional[list[Optional[tuple[int, bytes, str, str, bool, bool]]]] = None,
+        # Per reader: None, or (max_tokens, rows, policy, pad item bytes).
+        pack: Optional[list[Optional[tuple[int, Optional[int], str, bytes]]]] = None,
     ) -> None: ...
+    # One value per stream, except padded streams (values, then the mask and
+    # the lengths when asked for) and row-packed ones (values, segment_ids,
+    # positions, placement, dropped).
     def next(self) -> Optional[tuple[int, list[object]]]: ...
     @property
     def step(self) -> int: ...
