@@ -383,6 +383,8 @@ fn fill_items(dst: &mut [u8], value: &[u8]) {
         return;
     }
     let n = value.len();
+    // Callers fill whole items; an empty run has nothing to fill.
+    debug_assert_eq!(dst.len() % n, 0);
     if dst.len() < n {
         return;
     }
@@ -402,9 +404,10 @@ fn put_i32(dst: &mut [u8], v: i32) {
     }
 }
 
-fn put_positions(dst: &mut [u8], from: i32) {
+/// 0, 1, 2, ... (at most `max_tokens`, which fits an i32).
+fn put_positions(dst: &mut [u8]) {
     for (j, c) in dst.chunks_exact_mut(4).enumerate() {
-        c.copy_from_slice(&(from + j as i32).to_le_bytes());
+        c.copy_from_slice(&(j as i32).to_le_bytes());
     }
 }
 
@@ -655,7 +658,7 @@ fn pack_records(
             &mut segment_ids[4 * first..4 * (first + len)],
             segments[row],
         );
-        put_positions(&mut positions[4 * first..4 * (first + len)], 0);
+        put_positions(&mut positions[4 * first..4 * (first + len)]);
         fill[row] = slot + len;
     }
     for (row, &used) in fill.iter().enumerate() {
