@@ -196,14 +196,13 @@ def resolve(
     native_pad = []
     native_pack = []
     for name, store in streams.items():
+        dtype = np.dtype(store.dtype)
         p = pads.get(name)
         native_pad.append(
             None
             if p is None
-            else (p.length, _item_bytes(name, p.value, np.dtype(store.dtype)), p.side, p.truncate, bool(p.mask), bool(p.lengths))
+            else (p.length, _item_bytes(name, p.value, dtype), p.side, p.truncate, bool(p.mask), bool(p.lengths))
         )
         q = packs.get(name)
-        native_pack.append(
-            None if q is None else (q.max_tokens, q.rows, q.policy, _item_bytes(name, q.value, np.dtype(store.dtype)))
-        )
+        native_pack.append(None if q is None else (q.max_tokens, q.rows, q.policy, _item_bytes(name, q.value, dtype)))
     return native_pad, native_pack, names
