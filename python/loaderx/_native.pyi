@@ -117,12 +117,19 @@ class LoaderHandle:
         epochs: Optional[int] = None,
         source_stream: bool = False,
         lent: Optional[LentPool] = None,
+        # Per stream: None, or (length, pad item bytes, side, truncate, mask, lengths).
+        pad: Optional[list[Optional[tuple[int, bytes, str, str, bool, bool]]]] = None,
+        # Per stream: None, or (max_tokens, rows, policy, pad item bytes).
+        pack: Optional[list[Optional[tuple[int, Optional[int], str, bytes]]]] = None,
     ) -> None:
         """With ``weights`` (one per source), ``readers`` holds every source's
         streams, source after source; ``dtypes`` and ``packed`` stay one per
-        stream. Batches end with the bool mask (when ``epochs`` is given),
-        then the int32 source numbers (when ``source_stream``). ``lent``:
-        memory for Dense columns (see ``LentPool``)."""
+        stream. Batches hold one value per stream, except padded streams
+        (values, then the mask and the lengths) and row-packed ones (values,
+        segment_ids, positions, placement, dropped); then the bool mask (when
+        ``epochs`` is given) and the int32 source numbers (when
+        ``source_stream``). ``lent``: memory for Dense columns (see
+        ``LentPool``)."""
     def next(self) -> Optional[tuple[int, list[object]]]: ...
     @property
     def steps(self) -> Optional[int]: ...

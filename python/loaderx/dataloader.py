@@ -23,9 +23,10 @@ from typing import Any, Callable, Iterable, Mapping
 from loaderx import _native
 from loaderx._distributed import distributed_shard
 from loaderx._errors import ArgumentTypeError
+from loaderx._shapes import Pack, Pad, resolve as _resolve_shapes
 from loaderx.zrecord import Dense, Ragged, _Store
 
-__all__ = ["DataLoader", "Mixture", "identity", "distributed_shard"]
+__all__ = ["DataLoader", "Mixture", "identity", "distributed_shard", "Pad", "Pack"]
 
 # The name of the finite-pass padding mask in every batch of a finite pass.
 MASK = "mask"
@@ -262,6 +263,15 @@ class DataLoader:
       (this shard's slice) that is False on padding, so all ranks take the
       same number of steps. ``len(loader)`` is the number of steps of the
       whole pass; iteration ends with StopIteration after the last one.
+    * ``pad`` / ``pack``: ``{name: spec}`` of Ragged streams to receive at a
+      fixed shape, so a compiled step never sees a new one: padded to a
+      length (``pad={"ids": (512, 0)}`` or ``Pad(...)``: ``ids``
+      ``[batch, 512]`` plus ``ids_mask`` and ``ids_lengths``), or packed whole
+      into rows of ``max_tokens`` slots (``pack={"ids": 4096}`` or
+      ``Pack(...)``: ``ids``, ``ids_segment_ids``, ``ids_positions``
+      ``[rows, 4096]`` plus ``ids_placement`` and ``ids_dropped``). Done
+      natively per batch, so resume and sharding are unchanged; a transform
+      sees the shaped batch. See ``Pad``, ``Pack`` and docs/shapes.md.
 
     At most ``prefetch_size + transform_workers + 1`` batches are alive, and
     with the identity transform a ``for`` loop sees at most
@@ -301,6 +311,8 @@ class DataLoader:
         shard_count: int = 1,
         packed: bool | Iterable[str] = False,
         epochs: int | None = None,
+        pad: Mapping[str, Any] | None = None,
+        pack: Mapping[str, Any] | None = None,
     ) -> None:
         self._closed = True  # until fully started, so close() is safe
         if isinstance(streams, Mixture):
@@ -371,6 +383,18 @@ class DataLoader:
                 raise ValueError(
                     f"packed names streams that are not Ragged streams of this loader: {sorted(unknown)}"
                 )
+        if self._mixture is not None and (pad or pack):
+            # Sources are merged per batch; a per-source pad or pack would
+            # not be one batch's shape. Pad or pack in a transform instead.
+            raise ValueError("pad= and pack= do not apply to a Mixture yet")
+        # Padded and row-packed streams add entries to the batch: _out_names
+        # are the batch's keys, in the order the native loader gives values.
+        self._pad, self._pack, self._out_names = _resolve_shapes(streams, ragged, self._packed, pad, pack)
+        clash = set(self._extra) & set(self._out_names)
+        if clash:
+            raise ValueError(
+                f"{sorted(clash)} would be both a shaped stream's output and a stream the loader adds"
+            )
         # Memory lent by an adapter (loaderx.torch's pinned buffers) for the
         # Dense columns; see _lend.
         self._lent: Any = None
@@ -410,11 +434,13 @@ class DataLoader:
             self._shard_count,
             max(2, prefetch) if remote else 2,
             lent=self._lent,
+            pad=self._pad,
+            pack=self._pack,
             **extra,
         )
         self._steps = core.steps
         self._pipe = _Pipeline(
-            core, self._names + self._extra, self._transform, self._transform_workers, step, self._steps
+            core, self._out_names + self._extra, self._transform, self._transform_workers, step, self._steps
         )
         self._closed = False
         # The pipeline's threads hold the pipeline, never the loader, so an

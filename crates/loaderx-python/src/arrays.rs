@@ -10,6 +10,7 @@ use std::ptr::NonNull;
 
 use loaderx::buffers::Buf;
 use loaderx::lent::{BatchBytes, LentBuffer};
+use loaderx::shape::{PaddedBatch, RowPackedBatch};
 use loaderx::store::{PackedBatch, RaggedBatch};
 use numpy::npyffi::{self, npy_intp, NpyTypes, NPY_ARRAY_WRITEABLE, PY_ARRAY_API};
 use numpy::{PyArrayDescr, PyArrayDescrMethods};
@@ -147,6 +148,77 @@ pub fn packed_tuple<'py>(
         &numpy::dtype::<i64>(py),
     )?;
     PyTuple::new(py, [values, cu_seqlens, shapes])
+}
+
+/// Little-endian i32s in an aligned engine buffer, so a small int array
+/// crosses DLPack without a copy like the others.
+fn i32_buf(values: &[i32]) -> Buf {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    Buf::from_slice(&bytes)
+}
+
+fn dims(first: &[usize], rest: &[u64]) -> Vec<npy_intp> {
+    first
+        .iter()
+        .map(|&d| d as npy_intp)
+        .chain(rest.iter().map(|&d| d as npy_intp))
+        .collect()
+}
+
+/// A padded batch as its arrays: values `[rows, length, *rest]` of
+/// `dtype`, then a bool `[rows, length]` mask and int32 `[rows]` lengths
+/// when the batch has them.
+pub fn padded_arrays<'py>(
+    py: Python<'py>,
+    batch: PaddedBatch,
+    dtype: &Bound<'py, PyArrayDescr>,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let (rows, length) = (batch.rows, batch.length);
+    let mut out = vec![dense_array(
+        py,
+        batch.values,
+        dims(&[rows, length], &batch.rest),
+        dtype,
+    )?];
+    if let Some(mask) = batch.mask {
+        let shape = dims(&[rows, length], &[]);
+        out.push(dense_array(py, mask, shape, &numpy::dtype::<bool>(py))?);
+    }
+    if let Some(lengths) = batch.lengths {
+        out.push(dense_array(
+            py,
+            i32_buf(&lengths),
+            dims(&[rows], &[]),
+            &numpy::dtype::<i32>(py),
+        )?);
+    }
+    Ok(out)
+}
+
+/// A batch packed into rows as its arrays: values `[rows, max_tokens,
+/// *rest]` of `dtype`, int32 segment ids and positions `[rows, max_tokens]`,
+/// int32 placement `[records, 3]` and the int32 0-d count of dropped records.
+pub fn row_packed_arrays<'py>(
+    py: Python<'py>,
+    batch: RowPackedBatch,
+    dtype: &Bound<'py, PyArrayDescr>,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let (rows, mt) = (batch.rows, batch.max_tokens);
+    let int32 = numpy::dtype::<i32>(py);
+    let records = batch.placement.len() / 3;
+    let dropped = i32::try_from(batch.dropped).unwrap_or(i32::MAX);
+    Ok(vec![
+        dense_array(py, batch.values, dims(&[rows, mt], &batch.rest), dtype)?,
+        dense_array(py, batch.segment_ids, dims(&[rows, mt], &[]), &int32)?,
+        dense_array(py, batch.positions, dims(&[rows, mt], &[]), &int32)?,
+        dense_array(
+            py,
+            i32_buf(&batch.placement),
+            dims(&[records, 3], &[]),
+            &int32,
+        )?,
+        dense_array(py, i32_buf(&[dropped]), Vec::new(), &int32)?,
+    ])
 }
 
 /// Wraps a Ragged batch as a list of arrays viewing one buffer.

@@ -8,13 +8,14 @@ use loaderx::lent::LentPool;
 use loaderx::loader::{Column, Loader, LoaderConfig, Next, Packed, Source};
 use loaderx::mixture::Proportions;
 use loaderx::sampler::Mode;
+use loaderx::shape::{PackSpec, PadSpec, Padded, Policy, RowPacked, Side};
 use numpy::npyffi::npy_intp;
 use numpy::{PyArray1, PyArrayDescr, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-use crate::arrays::{dense_array, packed_tuple, ragged_list};
+use crate::arrays::{dense_array, packed_tuple, padded_arrays, ragged_list, row_packed_arrays};
 use crate::errors::{to_py, IntoPyResult};
 use crate::store::ReaderHandle;
 
@@ -30,6 +31,52 @@ const POLL: Duration = Duration::from_millis(50);
 struct StreamInfo {
     dtype: Py<PyArrayDescr>,
     item_shape: Option<Vec<npy_intp>>,
+}
+
+/// A stream's padding as Python passes it: `(length, value item bytes,
+/// side, truncate, mask, lengths)`.
+type PadArgs = (usize, Vec<u8>, String, String, bool, bool);
+/// A stream's packing as Python passes it: `(max_tokens, rows, policy,
+/// value item bytes)`.
+type PackArgs = (usize, Option<usize>, String, Vec<u8>);
+
+fn side(what: &str, s: &str) -> PyResult<Side> {
+    match s {
+        "right" => Ok(Side::Right),
+        "left" => Ok(Side::Left),
+        _ => Err(PyValueError::new_err(format!(
+            "{what} must be 'right' or 'left', got {s:?}"
+        ))),
+    }
+}
+
+fn pad_spec((length, value, pad_side, truncate, mask, lengths): PadArgs) -> PyResult<PadSpec> {
+    Ok(PadSpec {
+        length,
+        value,
+        side: side("side", &pad_side)?,
+        truncate: side("truncate", &truncate)?,
+        mask,
+        lengths,
+    })
+}
+
+fn pack_spec((max_tokens, rows, policy, value): PackArgs) -> PyResult<PackSpec> {
+    let policy = match policy.as_str() {
+        "first_fit" => Policy::FirstFit,
+        "best_fit" => Policy::BestFit,
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "policy must be 'first_fit' or 'best_fit', got {policy:?}"
+            )))
+        }
+    };
+    Ok(PackSpec {
+        max_tokens,
+        rows,
+        policy,
+        value,
+    })
 }
 
 /// Memory a Python consumer lends to loaders for their Dense columns
@@ -93,9 +140,12 @@ impl LoaderHandle {
     /// `dtypes`, one per stream. With `weights` (one per source), `readers`
     /// holds every source's streams, source after source, and the loader
     /// samples a mixture (`exact`: fixed quotas, else IID picks). With
-    /// `epochs`, a finite pass whose batches end with a bool mask.
+    /// `epochs`, a finite pass whose batches end with a bool mask. `pad`
+    /// and `pack`, when given, hold one entry per stream: None, or that
+    /// stream's padding / packing (see `PadArgs`, `PackArgs`); a mixture
+    /// takes neither (its sources merge per batch).
     #[new]
-    #[pyo3(signature = (readers, dtypes, packed, batch_size, mode, seed, start_step, prefetch, shard_index, shard_count, producers, weights=None, exact=true, epochs=None, source_stream=false, lent=None))]
+    #[pyo3(signature = (readers, dtypes, packed, batch_size, mode, seed, start_step, prefetch, shard_index, shard_count, producers, weights=None, exact=true, epochs=None, source_stream=false, lent=None, pad=None, pack=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -115,16 +165,30 @@ impl LoaderHandle {
         epochs: Option<u64>,
         source_stream: bool,
         lent: Option<Bound<'_, LentPoolHandle>>,
+        pad: Option<Vec<Option<PadArgs>>>,
+        pack: Option<Vec<Option<PackArgs>>>,
     ) -> PyResult<Self> {
         let per_source = dtypes.len();
         let source_count = weights.as_ref().map_or(1, Vec::len);
+        let pad = pad.unwrap_or_else(|| vec![None; per_source]);
+        let pack = pack.unwrap_or_else(|| vec![None; per_source]);
         if per_source == 0
             || packed.len() != per_source
+            || pad.len() != per_source
+            || pack.len() != per_source
             || source_count == 0
             || readers.len() != per_source.saturating_mul(source_count)
         {
             return Err(PyValueError::new_err(
-                "one dtype and one packed flag per stream, and one reader per stream of each source",
+                "one dtype, packed flag, pad and pack entry per stream, and one reader per \
+                 stream of each source",
+            ));
+        }
+        if weights.is_some()
+            && (pad.iter().any(Option::is_some) || pack.iter().any(Option::is_some))
+        {
+            return Err(PyValueError::new_err(
+                "pad= and pack= do not apply to a mixture",
             ));
         }
         let mode = Mode::try_from(mode).map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -147,10 +211,20 @@ impl LoaderHandle {
             if m == 0 {
                 components.push(Vec::with_capacity(per_source));
             }
-            let source: Arc<dyn Source> = if packed[m] {
-                Arc::new(Packed(store))
-            } else {
-                store
+            let source: Arc<dyn Source> = match (packed[m], &pad[m], &pack[m]) {
+                (false, None, None) => store,
+                (true, None, None) => Arc::new(Packed(store)),
+                (false, Some(p), None) => {
+                    Arc::new(Padded::new(store, pad_spec(p.clone())?).py(py)?)
+                }
+                (false, None, Some(p)) => {
+                    Arc::new(RowPacked::new(store, pack_spec(p.clone())?).py(py)?)
+                }
+                _ => {
+                    return Err(PyValueError::new_err(
+                        "a stream can be packed, padded or packed into rows, not several",
+                    ))
+                }
             };
             if let Some(last) = components.last_mut() {
                 last.push(source);
@@ -190,8 +264,12 @@ impl LoaderHandle {
         })
     }
 
-    /// The next batch in step order as `(step, [value per stream])`, or None
-    /// once the loader is closed. Waits with the GIL released.
+    /// The next batch in step order as `(step, [values])`, or None once the
+    /// loader is closed. Waits with the GIL released. Streams give one value
+    /// each, in order, except padded ones (values, then the mask and the
+    /// lengths when asked for) and ones packed into rows (values, segment
+    /// ids, positions, placement, dropped count); then the mask of a finite
+    /// pass and the source numbers of a mixture, when there are.
     fn next<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
         loop {
             match py.detach(|| self.loader.next_timeout(POLL)) {
@@ -207,6 +285,18 @@ impl LoaderHandle {
                             }
                             Column::Ragged(r) => ragged_list(py, r, dtype)?.into_any(),
                             Column::Packed(p) => packed_tuple(py, p, dtype)?.into_any(),
+                            Column::Padded(p) => {
+                                for array in padded_arrays(py, p, dtype)? {
+                                    values.append(array)?;
+                                }
+                                continue;
+                            }
+                            Column::RowPacked(p) => {
+                                for array in row_packed_arrays(py, p, dtype)? {
+                                    values.append(array)?;
+                                }
+                                continue;
+                            }
                         };
                         values.append(value)?;
                     }

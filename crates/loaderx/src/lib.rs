@@ -16,6 +16,8 @@
 //! * [`loader`]: a step-ordered batch pipeline over equal-length sources or
 //!   a mixture of them, endless or a finite pass, with prefetch, exact
 //!   resume and sharding across processes.
+//! * [`shape`]: fixed-shape batches from Ragged records (padding, and
+//!   packing into rows of `max_tokens` for variable-length attention).
 //!
 //! Batched gathers and appends fan out over one process-wide thread pool
 //! ([`pool`]). A store can also be a set of shards read as one
@@ -42,6 +44,7 @@ pub mod pool;
 pub mod remote;
 pub mod sampler;
 pub mod schema;
+pub mod shape;
 pub mod store;
 
 pub use codec::{ZSTD_DICT_LEVEL, ZSTD_LEVEL};

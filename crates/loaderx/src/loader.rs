@@ -59,6 +59,7 @@ use crate::lent::{BatchBytes, LentPool};
 use crate::mixture::{MixtureSampler, Proportions};
 use crate::pass::Pass;
 use crate::sampler::{Mode, Sampler};
+use crate::shape;
 use crate::store::{DenseReader, PackedBatch, RaggedBatch, RaggedReader, StoreReader};
 
 /// The Dense part of a batch: `rows` records of `width` bytes, back to back.
@@ -82,6 +83,10 @@ pub enum Column {
     Ragged(RaggedBatch),
     /// Variable-shape records packed back to back (see [`Packed`]).
     Packed(PackedBatch),
+    /// Records padded to one length (see [`shape::Padded`]).
+    Padded(shape::PaddedBatch),
+    /// Records packed into fixed rows (see [`shape::RowPacked`]).
+    RowPacked(shape::RowPackedBatch),
 }
 
 /// Something a loader can gather from: a store reader, typically.
@@ -621,6 +626,11 @@ fn merge_columns(
             }
             Ok(Column::Packed(merged))
         }
+        // Shaping is per batch: the binding refuses it for mixtures, whose
+        // batches are merged from one gather per source.
+        Some(Column::Padded(_) | Column::RowPacked(_)) => Err(Error::InvalidArgument(
+            "padded or row-packed streams cannot be merged across mixture sources".into(),
+        )),
         None => Err(Error::State("internal error: empty mixture batch".into())),
     }
 }
