@@ -102,7 +102,11 @@ def test_release_store_reads_exactly(release, name, entry):
     cls = Dense if entry["kind"] == "dense" else Ragged
     with cls.open(LATER / release / name) as store:
         _check(store, name, entry, expected)
-        assert store.layout == expected_layout(release, entry["kind"])
+        want = expected_layout(release, entry["kind"])
+        if entry["length"] == 0 and want in ("2.0.1", "2.8.19"):
+            # Only records tell these from 2.0.0 / 2.8.18: empty stores are the same bytes.
+            want = {"2.0.1": "2.0.0", "2.8.19": "2.8.18"}[want]
+        assert store.layout == want
         assert not store.writable
     # The kind-probing opener (info, verify, convert) finds the same.
     with tools.open_store(LATER / release / name) as store:
@@ -111,7 +115,7 @@ def test_release_store_reads_exactly(release, name, entry):
 
 @pytest.mark.parametrize("release,name,entry", CASES)
 def test_release_store_verifies(release, name, entry):
-    (result,) = tools.verify([LATER / release / name])
+    result = tools.verify(LATER / release / name)
     assert result.ok, result
 
 
@@ -251,5 +255,5 @@ def test_mismatched_ragged_records_are_corrupt(tmp_path):
 
 def test_create_over_a_later_release_store_is_refused(tmp_path):
     p = _copy("2.3.3", "dense_u8_raw_2", tmp_path)
-    with pytest.raises(FileExistsError):
+    with pytest.raises(ZrecordError, match="already exists"):
         Dense.create(p, "|u1", (4,), codec="raw")
