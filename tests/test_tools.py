@@ -217,7 +217,8 @@ def test_info_json_and_text(stores):
     dense, ragged, zdict = got
     assert dense == {
         "path": str(stores["dense"]), "kind": "Dense", "shards": 0, "dtype": "float32",
-        "item_shape": [3, 4], "codec": "zstd", "records": 40, "logical_bytes": DENSE.nbytes,
+        "item_shape": [3, 4], "codec": "zstd", "layout": "2.0.0",
+        "layout_releases": "loaderx 2.0.0–2.0.7", "records": 40, "logical_bytes": DENSE.nbytes,
         "disk_bytes": _disk(stores["dense"]), "ratio": DENSE.nbytes / _disk(stores["dense"]),
         "dict_bytes": 0,
     }

@@ -39,6 +39,14 @@ def _message(e: BaseException) -> str:
 # -- info -------------------------------------------------------------------
 
 
+def _format_text(d: dict[str, Any]) -> str:
+    """The on-disk layout line: which releases write it, and whether it is ours."""
+    text = f"loaderx {d['layout']} layout (written by {d['layout_releases']}"
+    if d["layout"] == "2.0.0":
+        return text + " and this package)"
+    return text + "; read-only here, `loaderx convert` rewrites it as 2.0.0)"
+
+
 def _print_info(d: dict[str, Any]) -> None:
     shape = str(tuple(d["item_shape"])) if d["item_shape"] is not None else "- (each record has its own)"
     ratio = f"{d['ratio']:.2f}x" if d["ratio"] is not None else "-"
@@ -50,6 +58,7 @@ def _print_info(d: dict[str, Any]) -> None:
         ("item_shape", shape),
         ("codec", d["codec"]),
         ("layout", f"store set of {d['shards']:,} shards" if d["shards"] else "one store"),
+        ("format", _format_text(d)),
         ("records", f"{d['records']:,}"),
         ("logical", f"{_fmt_bytes(d['logical_bytes'])} ({d['logical_bytes']:,} bytes)"),
         ("on disk", f"{_fmt_bytes(d['disk_bytes'])} ({d['disk_bytes']:,} bytes)"),
@@ -227,8 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
         "info",
         help="describe stores: kind, dtype, shape, codec, records, sizes, ratio",
         description=(
-            "Describes each store: kind (Dense or Ragged), dtype, item_shape, codec, record "
-            "count, logical size (the records' uncompressed bytes), size on disk (every store "
+            "Describes each store: kind (Dense or Ragged), dtype, item_shape, codec, on-disk "
+            "format (which loaderx releases write its layout), record count, logical size (the records' uncompressed bytes), size on disk (every store "
             "file of every shard), compression ratio and dictionary size."
         ),
         epilog="example:\n  loaderx info train/image train/label\n  loaderx info --json train/*",

@@ -176,6 +176,8 @@ def _describe(store: Dense | Ragged) -> dict[str, Any]:
         "dtype": str(store.dtype),
         "item_shape": list(store.item_shape) if isinstance(store, Dense) else None,
         "codec": store.codec,
+        "layout": store.layout,
+        "layout_releases": store.layout_releases,
         "records": len(store),
         "logical_bytes": logical,
         "disk_bytes": disk,

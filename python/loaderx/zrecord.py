@@ -514,6 +514,22 @@ class _Store:
         written without checksums, e.g. by loaderx 2.0.0)."""
         return self._require_reader().checksums()
 
+    @property
+    def layout(self) -> str:
+        """The on-disk layout of an opened store, named after the first
+        loaderx release that wrote it: ``"2.0.0"`` (the layout this package
+        writes), ``"2.0.1"``, ``"2.2"``, ``"2.3.3"``, ``"2.8.12"``,
+        ``"2.8.18"`` or ``"2.8.19"``. Stores of the later layouts open
+        read-only; ``loaderx convert`` rewrites them in the 2.0.0 layout.
+        See :attr:`layout_releases` and docs/format.md."""
+        return self._require_reader().layout()[0]
+
+    @property
+    def layout_releases(self) -> str:
+        """The loaderx releases that write stores in this store's layout,
+        e.g. ``"loaderx 2.3.3–2.8.6"``."""
+        return self._require_reader().layout()[1]
+
     def has_dict(self) -> bool:
         """Whether the store carries a zstd dictionary (``dict.zr``)."""
         return self._has_dict

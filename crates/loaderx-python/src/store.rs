@@ -397,6 +397,15 @@ impl ReaderHandle {
         })
     }
 
+    /// The store's on-disk layout: `(id, releases)`, e.g. `("2.3.3",
+    /// "loaderx 2.3.3–2.8.6")`. May read the first record of a Ragged store.
+    fn layout(&self, py: Python<'_>) -> PyResult<(&'static str, &'static str)> {
+        let reader = self.reader()?;
+        let kind = reader.schema().kind();
+        let layout = py.detach(|| reader.layout()).py(py)?;
+        Ok((layout.id(), layout.releases(kind)))
+    }
+
     /// Bytes the store takes in storage (every shard's files).
     #[getter]
     fn disk_bytes(&self) -> PyResult<u64> {

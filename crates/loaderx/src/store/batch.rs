@@ -66,12 +66,25 @@ impl RaggedBatch {
         indices: &[u64],
         itemsize: u64,
     ) -> Result<RaggedBatch> {
+        Self::from_gather_with(data, ranges, indices, itemsize, parse_ragged)
+    }
+
+    /// As [`RaggedBatch::from_gather`], with the shape prefixes parsed by
+    /// `parse` (the encoding of the store's layout; see
+    /// [`RaggedPrefix`](crate::store::RaggedPrefix)).
+    pub fn from_gather_with(
+        data: Buf,
+        ranges: Vec<Range<usize>>,
+        indices: &[u64],
+        itemsize: u64,
+        parse: impl Fn(u64, &[u8], u64, &mut Vec<u64>) -> Result<usize>,
+    ) -> Result<RaggedBatch> {
         let mut payloads = Vec::with_capacity(ranges.len());
         let mut shape_starts = Vec::with_capacity(ranges.len() + 1);
         let mut dims = Vec::new();
         shape_starts.push(0);
         for (r, &i) in ranges.iter().zip(indices) {
-            let prefix = parse_ragged(i, &data[r.clone()], itemsize, &mut dims)?;
+            let prefix = parse(i, &data[r.clone()], itemsize, &mut dims)?;
             payloads.push(r.start + prefix..r.end);
             shape_starts.push(dims.len());
         }

@@ -40,6 +40,7 @@ mod batch;
 mod dataset;
 mod fetch;
 mod geometry;
+mod layout;
 pub mod manifest;
 mod reader;
 mod segment;
@@ -53,6 +54,7 @@ pub use dataset::{
 };
 pub use fetch::request_count;
 pub use geometry::{parse_ragged, RaggedRecord, MAX_NDIM};
+pub use layout::{Layout, RaggedPrefix};
 pub use reader::{
     Checksums, DataAccess, ReadOptions, StoreReader, MAP_RECORD_BYTES, MAX_DICT_BYTES,
 };

@@ -32,7 +32,7 @@ use crate::schema::{Kind, Schema};
 use crate::store::fetch::{self, Work};
 use crate::store::manifest::{Manifest, MANIFEST_FILE, MAX_MANIFEST_BYTES};
 use crate::store::segment::Segment;
-use crate::store::RaggedBatch;
+use crate::store::{Layout, RaggedBatch};
 use rayon::prelude::*;
 
 /// Output bytes below which a gather runs on the calling thread: waking the
@@ -286,6 +286,15 @@ impl StoreReader {
                     let seg = Segment::open_local(&dir.join(&entry.path), kind, access, verify)
                         .map_err(|e| shard_error(&entry.path, e))?;
                     check_shard(&seg, entry, &m, &schema)?;
+                    if !seg.layout.is_native() {
+                        return Err(Error::InvalidFormat(format!(
+                            "shard {:?} of the set is a store of the {} layout ({}): a store \
+                             set holds only loaderx 2.0.0-layout shards; convert it first",
+                            entry.path,
+                            seg.layout.id(),
+                            seg.layout.releases(kind)
+                        )));
+                    }
                     segments.push(seg);
                 }
                 let codec = m.codec();
@@ -842,7 +851,34 @@ impl StoreReader {
             }
         };
         let (data, ranges) = self.gather_var(indices)?;
-        RaggedBatch::from_gather(data, ranges, indices, itemsize)
+        if let [seg] = &self.segments[..] {
+            let enc = &seg.ragged;
+            return RaggedBatch::from_gather_with(data, ranges, indices, itemsize, |i, r, s, d| {
+                enc.parse(i, r, s, d)
+            });
+        }
+        RaggedBatch::from_gather_with(data, ranges, indices, itemsize, |i, r, s, d| {
+            self.segments[self.locate(i).0].ragged.parse(i, r, s, d)
+        })
+    }
+
+    /// The layout of the store: which loaderx releases write stores like it
+    /// (see [`Layout`]). For a Ragged store whose layout only its records
+    /// tell (2.0.0 / 2.0.1, 2.8.18 / 2.8.19), this reads its first record.
+    /// A store set reports its first shard's.
+    pub fn layout(&self) -> Result<Layout> {
+        let Some(seg) = self.segments.first() else {
+            return Ok(Layout::V2_0_0);
+        };
+        if let Some(layout) = seg.settled_layout() {
+            return Ok(layout);
+        }
+        if seg.len() == 0 {
+            // Both candidates read an empty store the same way.
+            return Ok(seg.ragged.first_layout());
+        }
+        crate::buffers::recycle(self.gather_ragged(&[0])?.into_data());
+        Ok(seg.settled_layout().unwrap_or(seg.layout))
     }
 }
 

@@ -31,6 +31,9 @@ use crate::format::{
 use crate::io::{self, LockMode};
 use crate::remote::{self, ObjectInfo, Remote};
 use crate::schema::{Kind, Schema};
+use crate::store::layout::{
+    self, decode_schema, Layout, RaggedEncoding, RaggedPrefix, SchemaFlavor, ShardedHeader,
+};
 use crate::store::reader::{DataAccess, MAX_DICT_BYTES};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -71,10 +74,52 @@ pub(crate) enum Payload {
         file: File,
     },
     File(File),
+    /// The `data_{i}.zr` files of a later release's sharded layout, read as
+    /// one virtual file: file `i` starts at `bases[i]` (see [`ShardMap`]).
+    Shards {
+        files: Vec<File>,
+        bases: Vec<u64>,
+    },
     Remote {
         remote: Remote,
         info: ObjectInfo,
     },
+}
+
+/// Where the records of a sharded layout (loaderx 2.3.3 and later) live.
+///
+/// Those releases place record `i` in `data_{i % n}.zr` at an offset within
+/// that file. The reader sees the files as one concatenation (file `s`
+/// starting at `bases[s]`), so each table entry is translated once, when it
+/// is read, into an ordinary absolute offset and every gather path works
+/// unchanged.
+pub(crate) struct ShardMap {
+    tails: Vec<u64>,
+    bases: Vec<u64>,
+}
+
+impl ShardMap {
+    #[inline]
+    fn translate(
+        &self,
+        local: u64,
+        label: u64,
+        mut loc: RecordLoc,
+        name: &str,
+    ) -> Result<RecordLoc> {
+        let s = (local % self.tails.len() as u64) as usize;
+        match loc.offset.checked_add(loc.phys_length as u64) {
+            Some(end) if end <= self.tails[s] => {}
+            _ => {
+                return Err(Error::InvalidFormat(format!(
+                    "record {label}: bytes {}..{}+{} lie past the committed end {} of {name}/data_{s}.zr",
+                    loc.offset, loc.offset, loc.phys_length, self.tails[s]
+                )))
+            }
+        }
+        loc.offset += self.bases[s];
+        Ok(loc)
+    }
 }
 
 /// An open, validated physical store.
@@ -94,6 +139,13 @@ pub(crate) struct Segment {
     pub(crate) has_sums: bool,
     /// The sidecar's checksums, loaded when the reader verifies content.
     sums: Option<Vec<u64>>,
+    /// The layout as the files and header tell it (a Ragged store's records
+    /// may still choose between two: see `ragged`).
+    pub(crate) layout: Layout,
+    /// How Ragged records encode their shapes.
+    pub(crate) ragged: RaggedEncoding,
+    /// For sharded layouts: which file holds each record.
+    shard_map: Option<ShardMap>,
 }
 
 fn map_file(file: &File, path: &Path) -> Result<Option<Mmap>> {
@@ -166,10 +218,36 @@ fn parse_page(
     meta_len: u64,
     data_len: u64,
     name: &str,
-) -> Result<(Header, Schema)> {
-    let header = Header::decode(page[..HEADER_SIZE].try_into().expect("32 bytes"))?;
+) -> Result<(Header, Schema, Layout, RaggedEncoding)> {
+    let header =
+        Header::decode(page[..HEADER_SIZE].try_into().expect("32 bytes")).map_err(|e| match e {
+            Error::InvalidFormat(msg) => Error::InvalidFormat(format!(
+                "{msg}: not a header of any loaderx layout this version knows \
+                 (written by a release it does not know, or damaged)"
+            )),
+            other => other,
+        })?;
     let schema_end = HEADER_SIZE + header.schema_length as usize;
-    let schema = Schema::decode(&page[HEADER_SIZE..schema_end], kind)?;
+    let schema_bytes = &page[HEADER_SIZE..schema_end];
+    // The 2.0.x header; the schema tells 2.2.1 (it added `ndim`) apart.
+    let (schema, layout, ragged) = match Schema::decode(schema_bytes, kind) {
+        Ok(schema) => (
+            schema,
+            Layout::V2_0_0,
+            RaggedEncoding::either(
+                (Layout::V2_0_0, RaggedPrefix::RankU64),
+                (Layout::V2_0_1, RaggedPrefix::RankU8),
+            ),
+        ),
+        Err(e) if layout::msgpack_has_ndim(schema_bytes) => {
+            let _ = e;
+            let f = decode_schema(schema_bytes, kind, SchemaFlavor::MsgpackNdim)?;
+            let ragged =
+                RaggedEncoding::fixed(Layout::V2_2, RaggedPrefix::Dims64(f.ndim.unwrap_or(0)));
+            (f.schema, Layout::V2_2, ragged)
+        }
+        Err(e) => return Err(e),
+    };
     let table_end = header.meta_len_required()?;
     if meta_len < table_end {
         return Err(Error::InvalidFormat(format!(
@@ -183,7 +261,7 @@ fn parse_page(
             header.tail_offset
         )));
     }
-    Ok((header, schema))
+    Ok((header, schema, layout, ragged))
 }
 
 impl Segment {
@@ -225,6 +303,11 @@ impl Segment {
             .map_err(|e| Error::io(format!("reading {}", meta_path.display()), e))?;
 
         let data_path = dir.join(DATA_FILE);
+        if !data_path.exists() && dir.join(sharded_file(0)).exists() {
+            return Self::open_local_sharded(
+                dir, kind, meta_file, meta_path, meta_len, &page, verify,
+            );
+        }
         let data_file = File::open(&data_path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => {
                 Error::InvalidFormat(format!("{} is missing", data_path.display()))
@@ -233,7 +316,7 @@ impl Segment {
         })?;
         let data_len = size_of(&data_file, &data_path)?;
         let name = dir.display().to_string();
-        let (header, schema) = parse_page(&page, kind, meta_len, data_len, &name)?;
+        let (header, schema, layout, ragged) = parse_page(&page, kind, meta_len, data_len, &name)?;
 
         let dict_path = dir.join(DICT_FILE);
         let dict_size = match std::fs::metadata(&dict_path) {
@@ -292,6 +375,151 @@ impl Segment {
             disk_bytes,
             has_sums: sums_size.is_some(),
             sums,
+            layout,
+            ragged,
+            shard_map: None,
+        })
+    }
+
+    /// Opens a store of the sharded layouts (loaderx 2.3.3 and later):
+    /// `meta.zr` with the sharded header, `data_0.zr` … `data_{n-1}.zr`.
+    /// Read-only; `data_access` does not apply (records are read by `pread`).
+    fn open_local_sharded(
+        dir: &Path,
+        kind: Kind,
+        meta_file: File,
+        meta_path: std::path::PathBuf,
+        meta_len: u64,
+        page: &[u8],
+        verify: bool,
+    ) -> Result<Segment> {
+        let name = dir.display().to_string();
+        let h = ShardedHeader::decode(page, &name)?;
+        let schema_bytes = &page[h.schema.clone()];
+        // 2.8.18 switched the schema to JSON; MessagePack maps never start with '{'.
+        let flavor = if schema_bytes.first() == Some(&b'{') {
+            SchemaFlavor::Json
+        } else {
+            SchemaFlavor::MsgpackNdim
+        };
+        let f = decode_schema(schema_bytes, kind, flavor)?;
+        let layout = match flavor {
+            SchemaFlavor::Json => Layout::V2_8_18,
+            SchemaFlavor::MsgpackNdim if f.dtype_by_name => Layout::V2_8_12,
+            SchemaFlavor::MsgpackNdim => Layout::V2_3_3,
+        };
+        let ndim = f.ndim.unwrap_or(0);
+        let ragged = match flavor {
+            // 2.8.18 and 2.8.19 write identical headers; the records decide.
+            SchemaFlavor::Json => RaggedEncoding::either(
+                (Layout::V2_8_18, RaggedPrefix::Dims64(ndim)),
+                (Layout::V2_8_19, RaggedPrefix::Dims32(ndim)),
+            ),
+            SchemaFlavor::MsgpackNdim => RaggedEncoding::fixed(layout, RaggedPrefix::Dims64(ndim)),
+        };
+        let table_end = (h.length)
+            .checked_mul(LOC_SIZE as u64)
+            .and_then(|t| t.checked_add(PAGE_SIZE))
+            .ok_or_else(|| {
+                Error::InvalidFormat(format!("record count {} overflows the table", h.length))
+            })?;
+        if meta_len < table_end {
+            return Err(Error::InvalidFormat(format!(
+                "{name}/{META_FILE} is {meta_len} bytes but its {} records need {table_end}",
+                h.length
+            )));
+        }
+        let n = h.tails.len();
+        if dir.join(sharded_file(n)).exists() {
+            return Err(Error::InvalidFormat(format!(
+                "{name}: its header names {n} data files but {} exists too: not a layout \
+                 this version knows, or damaged",
+                sharded_file(n)
+            )));
+        }
+        let mut files = Vec::with_capacity(n);
+        let mut bases = Vec::with_capacity(n);
+        let mut total = 0u64;
+        let mut disk_bytes = meta_len;
+        for (i, &tail) in h.tails.iter().enumerate() {
+            let path = dir.join(sharded_file(i));
+            let file = File::open(&path).map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Error::InvalidFormat(format!(
+                    "{} is missing (the header names {n} data files)",
+                    path.display()
+                )),
+                _ => Error::io(format!("opening {}", path.display()), e),
+            })?;
+            let len = file
+                .metadata()
+                .map_err(|e| Error::io(format!("reading the size of {}", path.display()), e))?
+                .len();
+            if len < tail {
+                return Err(Error::InvalidFormat(format!(
+                    "{} is {len} bytes, shorter than its committed end {tail}",
+                    path.display()
+                )));
+            }
+            disk_bytes += len;
+            bases.push(total);
+            total += tail; // bounded by ShardedHeader::decode
+            files.push(file);
+        }
+        let dict_path = dir.join(DICT_FILE);
+        let dict_size = match std::fs::metadata(&dict_path) {
+            Ok(m) => Some(m.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Error::io(format!("inspecting {}", dict_path.display()), e)),
+        };
+        disk_bytes += dict_size.unwrap_or(0);
+        let dict = if check_dict(dict_size, h.codec, &name)? {
+            Some(
+                std::fs::read(&dict_path)
+                    .map_err(|e| Error::io(format!("reading {}", dict_path.display()), e))?,
+            )
+        } else {
+            None
+        };
+        let _ = verify; // these releases wrote no checksum sidecar
+        let header = Header {
+            length: h.length,
+            tail_offset: total,
+            schema_length: schema_bytes.len() as u32,
+            codec: h.codec,
+        };
+        let table = Table::new(
+            TableSource::Local {
+                file: meta_file,
+                path: meta_path,
+            },
+            LOCAL_TABLE_CHUNK,
+            header.length,
+        );
+        let data = if total == 0 {
+            Payload::Empty
+        } else {
+            Payload::Shards {
+                files,
+                bases: bases.clone(),
+            }
+        };
+        Ok(Segment {
+            name,
+            header,
+            schema: f.schema,
+            table,
+            data,
+            dict,
+            pool: 0,
+            disk_bytes,
+            has_sums: false,
+            sums: None,
+            layout,
+            ragged,
+            shard_map: Some(ShardMap {
+                tails: h.tails,
+                bases,
+            }),
         })
     }
 
@@ -317,6 +545,14 @@ impl Segment {
             )));
         }
         let Some(data) = data else {
+            if remote.head(&sharded_file(0)).await?.is_some() {
+                return Err(Error::InvalidFormat(format!(
+                    "{name} holds {} instead of {DATA_FILE}: a store of loaderx 2.3.3 or \
+                     later, which this version reads from local disk only; copy it here \
+                     (or run `loaderx convert` on a local copy)",
+                    sharded_file(0)
+                )));
+            }
             return Err(Error::InvalidFormat(format!(
                 "{name}/{DATA_FILE} is missing"
             )));
@@ -324,7 +560,8 @@ impl Segment {
         // The page, and with it the whole table when that is small.
         let first = meta.size.min(PAGE_SIZE + EAGER_TABLE_BYTES);
         let (head, _) = remote.get_range(META_FILE, 0..first, Some(&meta)).await?;
-        let (header, schema) = parse_page(&head, kind, meta.size, data.size, &name)?;
+        let (header, schema, layout, ragged) =
+            parse_page(&head, kind, meta.size, data.size, &name)?;
         let disk_bytes = meta.size
             + data.size
             + dict.as_ref().map_or(0, |d| d.size)
@@ -385,7 +622,19 @@ impl Segment {
             disk_bytes,
             has_sums,
             sums,
+            layout,
+            ragged,
+            shard_map: None,
         })
+    }
+
+    /// The layout of the store, `None` for a Ragged store whose records
+    /// have not settled it yet (see [`RaggedEncoding`]).
+    pub(crate) fn settled_layout(&self) -> Option<Layout> {
+        match self.schema.kind() {
+            Kind::Dense => Some(self.layout),
+            Kind::Ragged => self.ragged.layout(),
+        }
     }
 
     /// Number of records.
@@ -464,7 +713,10 @@ impl Segment {
             }
         };
         let at = ((local % table.chunk) * LOC_SIZE as u64) as usize;
-        let loc = RecordLoc::decode(&chunk[at..at + LOC_SIZE]);
+        let mut loc = RecordLoc::decode(&chunk[at..at + LOC_SIZE]);
+        if let Some(map) = &self.shard_map {
+            loc = map.translate(local, label, loc, &self.name)?;
+        }
         loc.validate(label, self.header.codec, self.header.tail_offset)?;
         Ok(loc)
     }
@@ -499,9 +751,9 @@ impl Segment {
             Payload::Mapped { map, .. } => {
                 map[loc.offset as usize..loc.offset as usize + want].to_vec()
             }
-            Payload::File(file) => {
+            Payload::File(_) | Payload::Shards { .. } => {
                 let mut buf = vec![0u8; want];
-                io::read_exact_at(file, &mut buf, loc.offset)
+                self.read_at(&mut buf, loc.offset)
                     .map_err(|e| Error::io(format!("reading {}/{DATA_FILE}", self.name), e))?;
                 buf
             }
@@ -512,6 +764,24 @@ impl Segment {
             Payload::Empty => return Ok(None),
         };
         Ok(crate::format::frame_has_checksum(&head))
+    }
+
+    /// Reads `buf.len()` bytes at absolute offset `start` of a `pread` payload
+    /// (for sharded layouts, of the virtual concatenation of its files; a
+    /// validated record lies inside one file).
+    #[inline]
+    fn read_at(&self, buf: &mut [u8], start: u64) -> std::io::Result<()> {
+        match &self.data {
+            Payload::File(file) => io::read_exact_at(file, buf, start),
+            Payload::Shards { files, bases } => {
+                // Records are non-empty, so the last file starting at or
+                // before `start` is the one holding it (empty files share
+                // their base with the next).
+                let s = bases.partition_point(|&b| b <= start).saturating_sub(1);
+                io::read_exact_at(&files[s], buf, start - bases[s])
+            }
+            _ => Err(std::io::Error::other("internal error: not a pread payload")),
+        }
     }
 
     /// Decodes the record of a validated entry of a local segment into `dst`
@@ -534,7 +804,7 @@ impl Segment {
                 Payload::Mapped { map, .. } => {
                     io::copy_from_map(buf, &map[start as usize..start as usize + len])
                 }
-                Payload::File(file) => io::read_exact_at(file, buf, start),
+                Payload::File(_) | Payload::Shards { .. } => self.read_at(buf, start),
                 Payload::Remote { .. } => {
                     return Err(Error::State(
                         "internal error: a remote record was read as a local one".into(),
@@ -562,6 +832,11 @@ impl Segment {
             dec.decode_staged(label, dst)
         }
     }
+}
+
+/// Name of data file `i` of the sharded layouts.
+pub(crate) fn sharded_file(i: usize) -> String {
+    format!("data_{i}.zr")
 }
 
 impl Table {
