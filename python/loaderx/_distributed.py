@@ -36,9 +36,7 @@ def launcher_shard() -> tuple[int, int, str] | None:
         try:
             r, w = int(rank), int(world)
         except ValueError:
-            raise ValueError(
-                f"{rank_var}={rank!r} and {world_var}={world!r} must be integers"
-            ) from None
+            raise ValueError(f"{rank_var}={rank!r} and {world_var}={world!r} must be integers") from None
         if not 0 <= r < w:
             raise ValueError(f"{rank_var}={r} is not a rank of {world_var}={w}")
         return r, w, f"{rank_var}/{world_var}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ZrecordError", "ArgumentTypeError"]
+__all__ = ["ArgumentTypeError", "ZrecordError"]
 
 
 class ZrecordError(RuntimeError):
@@ -31,7 +31,8 @@ class ZrecordError(RuntimeError):
         super().__init__(message)
         self.code = int(code)
 
-    def __reduce__(self):  # keep the code across pickling (e.g. to a parent process)
+    # Keep the code across pickling (e.g. to a parent process).
+    def __reduce__(self) -> tuple[type[ZrecordError], tuple[str, int]]:
         return (type(self), (str(self), self.code))
 
 

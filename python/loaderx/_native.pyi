@@ -1,10 +1,31 @@
-"""Type stubs of the native extension (crates/loaderx-python). Private: use
-loaderx.zrecord, loaderx.zsampler, loaderx.dataloader and loaderx.utils."""
+# Type stubs of the native extension (crates/loaderx-python), checked against
+# the compiled module by `python -m mypy.stubtest loaderx._native`. Private:
+# use loaderx.zrecord, loaderx.zsampler, loaderx.dataloader and loaderx.utils.
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any, final
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Self
+
+__all__ = [
+    "BatchBuffer",
+    "DictSampler",
+    "LentMemory",
+    "LentPool",
+    "LoaderHandle",
+    "ReaderHandle",
+    "Sampler",
+    "WriterHandle",
+    "__version__",
+    "batch_buffer_stats",
+    "cached_batch_bytes",
+    "commit_set",
+    "pool_threads",
+    "remote_stats",
+    "upload",
+]
 
 __version__: str
 
@@ -16,31 +37,32 @@ def commit_set(
     root: str,
     kind: str,
     dtype: str,
-    item_shape: Optional[list[int]],
+    item_shape: list[int] | None,
     codec: str,
     shards: list[tuple[str, int, int]],
-    storage_options: Optional[Mapping[str, Any]] = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> str: ...
-def upload(local: str, url: str, storage_options: Optional[Mapping[str, Any]] = None) -> None: ...
+def upload(local: str, url: str, storage_options: Mapping[str, Any] | None = None) -> None: ...
 
-class BatchBuffer:
-    """The memory behind a batch's arrays (their ``.base``)."""
+@final
+class BatchBuffer: ...  # the memory behind a batch's arrays (their ``.base``)
 
-class LentMemory:
-    """Lent memory (a LentPool region) behind a batch's arrays (their ``.base``)."""
+@final
+class LentMemory: ...  # lent memory (a LentPool region) behind a batch's arrays
 
+@final
 class WriterHandle:
     @staticmethod
     def create(
         path: str,
         kind: str,
         dtype: str,
-        item_shape: Optional[list[int]],
+        item_shape: list[int] | None,
         codec: str,
-        dict_bytes: Optional[bytes] = None,
-        shard_records: Optional[int] = None,
-        shard_bytes: Optional[int] = None,
-        storage_options: Optional[Mapping[str, Any]] = None,
+        dict_bytes: bytes | None = None,
+        shard_records: int | None = None,
+        shard_bytes: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
         checksums: bool = True,
     ) -> WriterHandle: ...
     def append_dense(self, data: npt.NDArray[np.uint8]) -> None: ...
@@ -52,23 +74,24 @@ class WriterHandle:
     @property
     def closed(self) -> bool: ...
 
+@final
 class ReaderHandle:
     @staticmethod
     def open(
         path: str,
         kind: str,
-        data_access: Optional[str] = None,
-        storage_options: Optional[Mapping[str, Any]] = None,
+        data_access: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
         verify_checksums: bool = False,
     ) -> ReaderHandle: ...
     @staticmethod
     def open_any(
         path: str,
-        data_access: Optional[str] = None,
-        storage_options: Optional[Mapping[str, Any]] = None,
+        data_access: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
         verify_checksums: bool = False,
     ) -> tuple[str, ReaderHandle]: ...
-    def checksums(self) -> Optional[str]: ...
+    def checksums(self) -> str | None: ...
     def layout(self) -> tuple[str, str]: ...
     @property
     def location(self) -> str: ...
@@ -79,7 +102,7 @@ class ReaderHandle:
     @property
     def dtype(self) -> str: ...
     @property
-    def item_shape(self) -> Optional[list[int]]: ...
+    def item_shape(self) -> list[int] | None: ...
     @property
     def codec(self) -> str: ...
     @property
@@ -89,7 +112,7 @@ class ReaderHandle:
     @property
     def closed(self) -> bool: ...
     def has_dict(self) -> bool: ...
-    def dict_bytes(self) -> Optional[bytes]: ...
+    def dict_bytes(self) -> bytes | None: ...
     def __len__(self) -> int: ...
     def close(self) -> None: ...
     def mean_record_bytes(self, probe: int) -> float: ...
@@ -99,9 +122,18 @@ class ReaderHandle:
         self, indices: npt.NDArray[np.int64], dtype: np.dtype
     ) -> tuple[np.ndarray, npt.NDArray[np.int32], npt.NDArray[np.int64]]: ...
 
+@final
 class LoaderHandle:
-    def __init__(
-        self,
+    # With ``weights`` (one per source), ``readers`` holds every source's
+    # streams, source after source; ``dtypes`` and ``packed`` stay one per
+    # stream. Batches hold one value per stream, except padded streams
+    # (values, then the mask and the lengths) and row-packed ones (values,
+    # segment_ids, positions, placement, dropped); then the bool mask (when
+    # ``epochs`` is given) and the int32 source numbers (when
+    # ``source_stream``). ``lent``: memory for Dense columns (see
+    # ``LentPool``).
+    def __new__(
+        cls,
         readers: list[ReaderHandle],
         dtypes: list[np.dtype],
         packed: list[bool],
@@ -113,39 +145,33 @@ class LoaderHandle:
         shard_index: int,
         shard_count: int,
         producers: int,
-        weights: Optional[list[float]] = None,
+        weights: list[float] | None = None,
         exact: bool = True,
-        epochs: Optional[int] = None,
+        epochs: int | None = None,
         source_stream: bool = False,
-        lent: Optional[LentPool] = None,
+        lent: LentPool | None = None,
         # Per stream: None, or (length, pad item bytes, side, truncate, mask, lengths).
-        pad: Optional[list[Optional[tuple[int, bytes, str, str, bool, bool]]]] = None,
+        pad: list[tuple[int, bytes, str, str, bool, bool] | None] | None = None,
         # Per stream: None, or (max_tokens, rows, policy, pad item bytes).
-        pack: Optional[list[Optional[tuple[int, Optional[int], str, bytes]]]] = None,
-    ) -> None:
-        """With ``weights`` (one per source), ``readers`` holds every source's
-        streams, source after source; ``dtypes`` and ``packed`` stay one per
-        stream. Batches hold one value per stream, except padded streams
-        (values, then the mask and the lengths) and row-packed ones (values,
-        segment_ids, positions, placement, dropped); then the bool mask (when
-        ``epochs`` is given) and the int32 source numbers (when
-        ``source_stream``). ``lent``: memory for Dense columns (see
-        ``LentPool``)."""
-    def next(self) -> Optional[tuple[int, list[object]]]: ...
+        pack: list[tuple[int, int | None, str, bytes] | None] | None = None,
+    ) -> Self: ...
+    def next(self) -> tuple[int, list[object]] | None: ...
     @property
-    def steps(self) -> Optional[int]: ...
+    def steps(self) -> int | None: ...
     @property
     def step(self) -> int: ...
     def close(self) -> None: ...
     def request_close(self) -> None: ...
 
+@final
 class LentPool:
-    def __init__(self) -> None: ...
+    def __new__(cls) -> Self: ...
     def lend(self, array: npt.NDArray[np.uint8]) -> None: ...
     def stats(self) -> tuple[int, int, int]: ...
 
+@final
 class DictSampler:
-    def __init__(self, budget: int) -> None: ...
+    def __new__(cls, budget: int) -> Self: ...
     def push(self, record: npt.NDArray[np.uint8]) -> None: ...
     def push_rows(self, data: npt.NDArray[np.uint8], width: int) -> None: ...
     @property
@@ -154,8 +180,9 @@ class DictSampler:
     def kept(self) -> int: ...
     def train(self, max_size: int) -> bytes: ...
 
+@final
 class Sampler:
-    def __init__(self, length: int, batch_size: int, mode: int, seed: int) -> None: ...
+    def __new__(cls, length: int, batch_size: int, mode: int, seed: int) -> Self: ...
     @property
     def batch_len(self) -> int: ...
     @property

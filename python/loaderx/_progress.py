@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable, TextIO, Union
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11+
 
 __all__ = ["Progress", "make_progress"]
 
@@ -114,10 +118,10 @@ class Progress:
         self.enabled = False
         self._width = 0
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -136,14 +140,14 @@ class _Callback:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> _Callback:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-ProgressArg = Union[None, bool, Progress, Callable[[int, Any], Any]]
+ProgressArg = None | bool | Progress | Callable[[int, Any], Any]
 
 
 def make_progress(progress: ProgressArg, total: int | None, label: str) -> Any:
@@ -158,8 +162,9 @@ def make_progress(progress: ProgressArg, total: int | None, label: str) -> Any:
     if progress is True:
         return Progress(total, label)
     if isinstance(progress, Progress):  # a caller-made line: reuse its settings
-        return Progress(total, label, enabled=progress.enabled, stream=progress.stream,
-                        interval=progress.interval)
+        return Progress(
+            total, label, enabled=progress.enabled, stream=progress.stream, interval=progress.interval
+        )
     if callable(progress):
         return _Callback(progress, total)
     raise TypeError(

@@ -6,12 +6,13 @@ See docs/shapes.md for the layouts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
-__all__ = ["Pad", "Pack"]
+__all__ = ["Pack", "Pad"]
 
 _SIDES = ("right", "left")
 _POLICIES = ("first_fit", "best_fit")
@@ -21,10 +22,10 @@ _I32_MAX = 2**31 - 1
 def _count(name: str, value: Any, upper: int = _I32_MAX) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    value = value.__index__()
-    if not 1 <= value <= upper:
-        raise ValueError(f"{name} must be in 1..{upper}, got {value}")
-    return value
+    index: int = value.__index__()
+    if not 1 <= index <= upper:
+        raise ValueError(f"{name} must be in 1..{upper}, got {index}")
+    return index
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class Pack:
     """
 
     max_tokens: int
-    rows: Optional[int] = None
+    rows: int | None = None
     policy: str = "first_fit"
     value: Any = 0
 
@@ -120,9 +121,13 @@ def _item_bytes(name: str, value: Any, dtype: np.dtype) -> bytes:
         if item.ndim != 0:
             raise ValueError("it must be a scalar")
         cast = item.astype(dtype)
-        if dtype.kind in "biuf" and item.dtype.kind in "biuf" and cast.astype(item.dtype) != item:
-            if not (dtype.kind == "f" and np.isnan(item)):
-                raise ValueError(f"{dtype} cannot represent it")
+        if (
+            dtype.kind in "biuf"
+            and item.dtype.kind in "biuf"
+            and cast.astype(item.dtype) != item
+            and not (dtype.kind == "f" and np.isnan(item))
+        ):
+            raise ValueError(f"{dtype} cannot represent it")
     except (TypeError, ValueError, OverflowError) as e:
         raise ValueError(f"stream {name!r}: pad value {value!r} does not fit dtype {dtype}: {e}") from None
     return cast.tobytes()
@@ -150,30 +155,37 @@ def resolve(
     streams: Mapping[str, Any],
     ragged: set[str],
     packed: set[str],
-    pad: Optional[Mapping[str, Any]],
-    pack: Optional[Mapping[str, Any]],
-) -> tuple[Optional[list], Optional[list], list[str]]:
+    pad: Mapping[str, Any] | None,
+    pack: Mapping[str, Any] | None,
+) -> tuple[list[Any] | None, list[Any] | None, list[str]]:
     """Checks ``pad=`` and ``pack=`` against the loader's streams; returns the
     per-stream native arguments (None when neither is used) and the names
     of the batch's entries, in the order the native loader gives them."""
     pads: dict[str, Pad] = {}
     packs: dict[str, Pack] = {}
-    for arg, table, convert in (("pad", pad, _as_pad), ("pack", pack, _as_pack)):
+    for arg, table in (("pad", pad), ("pack", pack)):
         if table is None:
             continue
         if not isinstance(table, Mapping):
             raise TypeError(f"{arg} must be a dict {{stream name: spec}}, got {type(table).__name__}")
         for name, spec in table.items():
             if name not in streams:
-                raise ValueError(f"{arg} names {name!r}, which is not a stream of this loader: {list(streams)}")
+                raise ValueError(
+                    f"{arg} names {name!r}, which is not a stream of this loader: {list(streams)}"
+                )
             if name not in ragged:
-                raise ValueError(f"{arg} names {name!r}, a Dense stream: its records have a fixed shape already")
+                raise ValueError(
+                    f"{arg} names {name!r}, a Dense stream: its records have a fixed shape already"
+                )
             if name in packed:
                 raise ValueError(
                     f"stream {name!r} is in both packed= and {arg}= (packed=True covers every Ragged "
                     "stream); choose one layout"
                 )
-            (pads if arg == "pad" else packs)[name] = convert(name, spec)
+            if arg == "pad":
+                pads[name] = _as_pad(name, spec)
+            else:
+                packs[name] = _as_pack(name, spec)
     both = sorted(set(pads) & set(packs))
     if both:
         raise ValueError(f"streams {both} are in both pad= and pack=; choose one layout")
@@ -201,8 +213,17 @@ def resolve(
         native_pad.append(
             None
             if p is None
-            else (p.length, _item_bytes(name, p.value, dtype), p.side, p.truncate, bool(p.mask), bool(p.lengths))
+            else (
+                p.length,
+                _item_bytes(name, p.value, dtype),
+                p.side,
+                p.truncate,
+                bool(p.mask),
+                bool(p.lengths),
+            )
         )
         q = packs.get(name)
-        native_pack.append(None if q is None else (q.max_tokens, q.rows, q.policy, _item_bytes(name, q.value, dtype)))
+        native_pack.append(
+            None if q is None else (q.max_tokens, q.rows, q.policy, _item_bytes(name, q.value, dtype))
+        )
     return native_pad, native_pack, names

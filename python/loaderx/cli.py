@@ -12,9 +12,10 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["main", "build_parser"]
+__all__ = ["build_parser", "main"]
 
 _EXIT_FAIL = 1
 
@@ -110,11 +111,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         if args.json:
             continue
         if r.ok and r.content is not None:
-            print(f"ok      {r.path}: {r.records:,} records ({r.kind}), every one decodes "
-                  f"and matches its checksum ({_CONTENT[r.content]})")
+            print(
+                f"ok      {r.path}: {r.records:,} records ({r.kind}), every one decodes "
+                f"and matches its checksum ({_CONTENT[r.content]})"
+            )
         elif r.ok:
-            print(f"ok      {r.path}: {r.records:,} records ({r.kind}), every one decodes; "
-                  "structure only: the store has no checksums, so its content could not be checked")
+            print(
+                f"ok      {r.path}: {r.records:,} records ({r.kind}), every one decodes; "
+                "structure only: the store has no checksums, so its content could not be checked"
+            )
         elif r.first_bad_index is not None:
             print(f"FAILED  {r.path}: record {r.first_bad_index} of {r.records:,}: {r.error}")
         else:
@@ -154,9 +159,11 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             d = tools.info(path)
             shape = f" {tuple(d['item_shape'])}" if d["item_shape"] is not None else ""
             ratio = f"{d['ratio']:.2f}x" if d["ratio"] is not None else "-"
-            print(f"{name} -> {path}: {d['kind']} {d['dtype']}{shape}, {d['codec']}, "
-                  f"{d['records']:,} records, {_fmt_bytes(d['logical_bytes'])} -> "
-                  f"{_fmt_bytes(d['disk_bytes'])} on disk ({ratio})")
+            print(
+                f"{name} -> {path}: {d['kind']} {d['dtype']}{shape}, {d['codec']}, "
+                f"{d['records']:,} records, {_fmt_bytes(d['logical_bytes'])} -> "
+                f"{_fmt_bytes(d['disk_bytes'])} on disk ({ratio})"
+            )
     return 0
 
 
@@ -220,14 +227,32 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  loaderx demo\n  loaderx demo --dir /tmp/demo --records 20000 --steps 1000",
         formatter_class=fmt,
     )
-    p.add_argument("--dir", metavar="D", help="build the stores in D and keep them "
-                   "(default: a temporary directory, removed afterwards)")
-    p.add_argument("--records", metavar="N", type=_positive, default=8192,
-                   help="records per store (default: %(default)s)")
-    p.add_argument("--steps", metavar="S", type=_positive, default=500,
-                   help="loader batches to time and check (default: %(default)s)")
-    p.add_argument("--batch-size", metavar="B", type=_positive, default=64,
-                   help="records per batch (default: %(default)s)")
+    p.add_argument(
+        "--dir",
+        metavar="D",
+        help="build the stores in D and keep them (default: a temporary directory, removed afterwards)",
+    )
+    p.add_argument(
+        "--records",
+        metavar="N",
+        type=_positive,
+        default=8192,
+        help="records per store (default: %(default)s)",
+    )
+    p.add_argument(
+        "--steps",
+        metavar="S",
+        type=_positive,
+        default=500,
+        help="loader batches to time and check (default: %(default)s)",
+    )
+    p.add_argument(
+        "--batch-size",
+        metavar="B",
+        type=_positive,
+        default=64,
+        help="records per batch (default: %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0, help="data and sampling seed (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead")
     p.set_defaults(func=_cmd_demo)
@@ -237,16 +262,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="describe stores: kind, dtype, shape, codec, records, sizes, ratio",
         description=(
             "Describes each store: kind (Dense or Ragged), dtype, item_shape, codec, on-disk "
-            "format (which loaderx releases write its layout), record count, logical size (the records' uncompressed bytes), size on disk (every store "
-            "file of every shard), compression ratio and dictionary size."
+            "format (which loaderx releases write its layout), record count, logical size (the "
+            "records' uncompressed bytes), size on disk (every store file of every shard), "
+            "compression ratio and dictionary size."
         ),
         epilog="example:\n  loaderx info train/image train/label\n  loaderx info --json train/*",
         formatter_class=fmt,
     )
-    p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="store or store-set directories, or object-storage URLs (s3://...)")
-    p.add_argument("--json", action="store_true",
-                   help="print a JSON list with one object per path (an 'error' object for a failed one)")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="store or store-set directories, or object-storage URLs (s3://...)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON list with one object per path (an 'error' object for a failed one)",
+    )
     p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser(
@@ -260,8 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  loaderx verify train/image train/tokens",
         formatter_class=fmt,
     )
-    p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="store or store-set directories, or object-storage URLs (s3://...)")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="store or store-set directories, or object-storage URLs (s3://...)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON list of results")
     p.add_argument("--quiet", "-q", action="store_true", help="draw no progress line")
     p.set_defaults(func=_cmd_verify)
@@ -285,22 +322,41 @@ def build_parser() -> argparse.ArgumentParser:
             "Parquet, Arrow and datasets need: pip install 'loaderx[convert]'"
         ),
         epilog="example:\n  loaderx convert images.npy train/image\n"
-               "  loaderx convert train.parquet train --codec zstd_dict --columns image,label",
+        "  loaderx convert train.parquet train --codec zstd_dict --columns image,label",
         formatter_class=fmt,
     )
     p.add_argument("src", metavar="SRC", help="source file or directory")
     p.add_argument("dst", metavar="DST", help="new store directory (or parent of one store per column)")
     p.add_argument("--codec", choices=CODECS, default="zstd", help="store codec (default: %(default)s)")
-    p.add_argument("--tier", choices=list(DICT_TIERS), default="balanced",
-                   help=f"zstd_dict dictionary tier ({tiers}; default: %(default)s)")
+    p.add_argument(
+        "--tier",
+        choices=list(DICT_TIERS),
+        default="balanced",
+        help=f"zstd_dict dictionary tier ({tiers}; default: %(default)s)",
+    )
     p.add_argument("--key", metavar="K", help="one .npz array, one column, or one DatasetDict split")
     p.add_argument("--columns", metavar="a,b", help="comma-separated columns (or .npz arrays) to convert")
-    p.add_argument("--chunk-records", metavar="N", type=int, default=None,
-                   help="records per append (default: about 32 MiB of data)")
-    p.add_argument("--shard-records", metavar="N", type=_positive, default=None,
-                   help="write each store as a store set of shards of N records")
-    p.add_argument("--shard-bytes", metavar="N", type=_positive, default=None,
-                   help="write each store as a store set of shards of about N payload bytes")
+    p.add_argument(
+        "--chunk-records",
+        metavar="N",
+        type=int,
+        default=None,
+        help="records per append (default: about 32 MiB of data)",
+    )
+    p.add_argument(
+        "--shard-records",
+        metavar="N",
+        type=_positive,
+        default=None,
+        help="write each store as a store set of shards of N records",
+    )
+    p.add_argument(
+        "--shard-bytes",
+        metavar="N",
+        type=_positive,
+        default=None,
+        help="write each store as a store set of shards of about N payload bytes",
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress line and no summary")
     p.set_defaults(func=_cmd_convert)
     return parser
@@ -314,7 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return args.func(args)
+        status: int = args.func(args)
+        return status
     except KeyboardInterrupt:
         print(file=sys.stderr)
         _err(args.command, "interrupted")

@@ -18,20 +18,27 @@ import operator
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from loaderx import _native
 from loaderx._distributed import distributed_shard
 from loaderx._errors import ArgumentTypeError
-from loaderx._shapes import Pack, Pad, resolve as _resolve_shapes
+from loaderx._shapes import Pack, Pad
+from loaderx._shapes import resolve as _resolve_shapes
 from loaderx.zrecord import Dense, Ragged, _Store
 
-__all__ = ["DataLoader", "Mixture", "identity", "distributed_shard", "Pad", "Pack"]
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from typing_extensions import Self  # typing.Self is Python 3.11+
+
+__all__ = ["DataLoader", "Mixture", "Pack", "Pad", "distributed_shard", "identity"]
 
 # The name of the finite-pass padding mask in every batch of a finite pass.
 MASK = "mask"
 
-Batch = dict
+Batch = dict[str, Any]
 
 # How long close() lets running transform calls (and native gathers) finish
 # before it leaves them behind; see DataLoader.close.
@@ -75,13 +82,13 @@ def _integer(name: str, value: Any) -> int:
 
 
 def _u64(name: str, value: Any, minimum: int = 0) -> int:
-    value = _integer(name, value)
-    if not minimum <= value < 2**64:
-        raise ValueError(f"{name} must be in {minimum}..2^64-1, got {value}")
-    return value
+    n = _integer(name, value)
+    if not minimum <= n < 2**64:
+        raise ValueError(f"{name} must be in {minimum}..2^64-1, got {n}")
+    return n
 
 
-def _check_streams(streams: Any, what: str, allow_empty: bool = False) -> dict:
+def _check_streams(streams: Any, what: str, allow_empty: bool = False) -> dict[str, Any]:
     """Validates a dict of opened stores of equal length, in loaderx 2.0.0's
     order and with its messages first (#14); returns a copy. Empty stores
     pass only with ``allow_empty`` (the plain form checks that later, where
@@ -165,23 +172,29 @@ class Mixture:
             raise ValueError(f"proportions must be 'exact' or 'iid', got {proportions!r}")
         self.names: list[str] = []
         self.weights: list[float] = []
-        self.sources: list[dict] = []
+        self.sources: list[dict[str, Any]] = []
         for name, entry in sources.items():
             if not isinstance(entry, tuple) or len(entry) != 2:
-                raise ValueError(f"source {name!r} must be a (streams, weight) pair, got {type(entry).__name__}")
+                raise ValueError(
+                    f"source {name!r} must be a (streams, weight) pair, got {type(entry).__name__}"
+                )
             streams, weight = entry
             if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
-                raise ValueError(f"the weight of source {name!r} must be a number, got {type(weight).__name__}")
+                raise ValueError(
+                    f"the weight of source {name!r} must be a number, got {type(weight).__name__}"
+                )
             weight = float(weight)
             if not (math.isfinite(weight) and weight > 0):
-                raise ValueError(f"the weight of source {name!r} must be a positive finite number, got {weight}")
+                raise ValueError(
+                    f"the weight of source {name!r} must be a positive finite number, got {weight}"
+                )
             self.names.append(name)
             self.weights.append(weight)
             self.sources.append(_check_streams(streams, f"source {name!r}"))
         if not math.isfinite(math.fsum(self.weights)):
             raise ValueError("the weights of a Mixture add up to more than a float holds")
         first_name, first = self.names[0], self.sources[0]
-        for name, streams in zip(self.names[1:], self.sources[1:]):
+        for name, streams in zip(self.names[1:], self.sources[1:], strict=True):
             if list(streams) != list(first):
                 raise ValueError(
                     f"source {name!r} has streams {sorted(streams)}, but source {first_name!r} has "
@@ -219,7 +232,7 @@ class Mixture:
         return [w / total for w in self.weights]
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{n!r}: {w:g}" for n, w in zip(self.names, self.weights))
+        parts = ", ".join(f"{n!r}: {w:g}" for n, w in zip(self.names, self.weights, strict=True))
         return f"Mixture({{{parts}}}, proportions={self.proportions!r}, source_stream={self.source_stream!r})"
 
 
@@ -318,7 +331,7 @@ class DataLoader:
         if isinstance(streams, Mixture):
             self._mixture: Mixture | None = streams
             # Again here: a store may have been closed since the Mixture was made.
-            for name, group in zip(streams.names, streams.sources):
+            for name, group in zip(streams.names, streams.sources, strict=True):
                 _check_streams(group, f"source {name!r}")
             streams = streams.sources[0]
         else:
@@ -329,15 +342,15 @@ class DataLoader:
         self._prefetch_size = _positive_int("prefetch_size", prefetch_size)
         # Types before values, as 2.0.0's sampler takes them.
         batch_size, mode, seed = (
-            _integer("batch_size", batch_size), _integer("mode", mode), _integer("seed", seed)
+            _integer("batch_size", batch_size),
+            _integer("mode", mode),
+            _integer("seed", seed),
         )
         if len(next(iter(streams.values()))) == 0:
             raise ValueError("length must be in 1..2^64-1: the streams hold no records")
         self._batch_size = _u64("batch_size", batch_size, minimum=1)
         if mode not in (0, 1, 2):
-            raise ValueError(
-                f"mode must be Sampler.Mode.SEQUENTIAL, IID, or CYCLIC: 0, 1 or 2, got {mode}"
-            )
+            raise ValueError(f"mode must be Sampler.Mode.SEQUENTIAL, IID, or CYCLIC: 0, 1 or 2, got {mode}")
         self._mode = mode
         self._seed = _u64("seed", seed)
         self._shard_count = _u64("shard_count", shard_count, minimum=1)
@@ -363,7 +376,9 @@ class DataLoader:
             self._extra.append(MASK)
         if self._mixture is not None and self._mixture.source_stream is not None:
             if self._mixture.source_stream in self._extra:
-                raise ValueError(f"source_stream {self._mixture.source_stream!r} clashes with the mask stream")
+                raise ValueError(
+                    f"source_stream {self._mixture.source_stream!r} clashes with the mask stream"
+                )
             self._extra.append(self._mixture.source_stream)
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}")
@@ -497,8 +512,7 @@ class DataLoader:
         has no len(): TypeError."""
         if self._epochs is None:
             raise TypeError(
-                "Eternal loader has no length.: a DataLoader without epochs= is endless; "
-                "count steps instead"
+                "Eternal loader has no length.: a DataLoader without epochs= is endless; count steps instead"
             )
         assert self._steps is not None
         return self._steps
@@ -548,10 +562,15 @@ class DataLoader:
             self._finalizer.detach()
             pipe.shutdown(grace)
 
-    def __enter__(self) -> DataLoader:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         # Leaving on an exception (an error in the body, Ctrl-C): let it
         # propagate at once; running transforms and gathers are abandoned.
         self._close(_CLOSE_GRACE if exc_type is None else 0.0)
@@ -581,7 +600,13 @@ class _Pipeline:
     """
 
     def __init__(
-        self, core: Any, names: list, transform: Callable | None, workers: int, step: int, end: int | None
+        self,
+        core: Any,
+        names: list[str],
+        transform: Callable[[Batch], Any] | None,
+        workers: int,
+        step: int,
+        end: int | None,
     ) -> None:
         self.core = core
         # One past the last step of a finite pass (None: endless).
@@ -605,11 +630,12 @@ class _Pipeline:
                 self.threads.append(t)
                 t.start()
 
-    def _pack(self, values: list) -> Batch:
-        return dict(zip(self.names, values))
+    def _pack(self, values: list[Any]) -> Batch:
+        return dict(zip(self.names, values, strict=True))
 
     def _work(self) -> None:
         core, cond, transform = self.core, self.cond, self.transform
+        assert transform is not None  # workers run only with a transform
         me = threading.current_thread()
         while True:
             with cond:

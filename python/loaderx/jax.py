@@ -36,8 +36,9 @@ from loaderx.zrecord import Dense, Ragged
 if TYPE_CHECKING:
     from types import TracebackType
 
-    import jax
+    from jax import Array
     from jax.sharding import Sharding
+    from typing_extensions import Self  # typing.Self is Python 3.11+
 
 __all__ = ["JaxLoader", "batch_shard"]
 
@@ -85,7 +86,7 @@ def batch_shard(sharding: Sharding) -> tuple[int, int, int]:
     devices = len(sharding.device_set)
     rank = max(1, len(getattr(sharding, "spec", ()) or ()))
     index_map = sharding.devices_indices_map((devices,) * rank)
-    starts = {device: index[0].indices(devices)[0] for device, index in index_map.items()}
+    starts: dict[Any, int] = {device: index[0].indices(devices)[0] for device, index in index_map.items()}
     ordered = sorted(set(starts.values()))
     partitions = len(ordered)
     held: dict[int, set[int]] = {}  # process -> the partitions its devices hold
@@ -172,7 +173,9 @@ class JaxLoader:
         elif isinstance(sharding, Mapping) and sharding:
             for name, s in sharding.items():
                 if not isinstance(s, jax.sharding.Sharding):
-                    raise TypeError(f"sharding[{name!r}] is a {type(s).__name__}, not a jax.sharding.Sharding")
+                    raise TypeError(
+                        f"sharding[{name!r}] is a {type(s).__name__}, not a jax.sharding.Sharding"
+                    )
             self._sharding = None
             self._shardings = dict(sharding)
         else:
@@ -197,7 +200,8 @@ class JaxLoader:
             what = "you gave"
         else:
             raise TypeError(
-                f"loader must be a DataLoader or a dict of opened Dense/Ragged stores, got {type(loader).__name__}"
+                "loader must be a DataLoader or a dict of opened Dense/Ragged stores, "
+                f"got {type(loader).__name__}"
             )
         if tuple(given) != (shard_index, shard_count):
             raise ValueError(
@@ -219,7 +223,7 @@ class JaxLoader:
         self._loader = loader
         self._shard_index, self._shard_count = shard_index, shard_count
         # Batches put on the devices (or a _Failure), in step order.
-        self._queue: collections.deque[dict[str, jax.Array] | _Failure] = collections.deque()
+        self._queue: collections.deque[dict[str, Array] | _Failure] = collections.deque()
         self._ended = False  # the DataLoader stopped or failed: queue nothing more
         self._step = loader.step  # the next batch the *user* receives
         self._closed = False
@@ -264,8 +268,8 @@ class JaxLoader:
     def _ragged_message(name: str) -> str:
         return (
             f"stream {name!r} gives variable-shape records (a Ragged stream: a list of arrays, "
-            "or a packed tuple), which cannot be a jax.Array: pad or crop its records to a fixed shape in the "
-            "DataLoader's transform (e.g. to a (batch, max_len) array plus a length or mask "
+            "or a packed tuple), which cannot be a jax.Array: pad or crop its records to a fixed "
+            "shape in the DataLoader's transform (e.g. to a (batch, max_len) array plus a length or mask "
             "array), or store it as a Dense stream"
         )
 
@@ -280,14 +284,15 @@ class JaxLoader:
                 f"sharding has no entry for the batch value {name!r} (it names {sorted(self._shardings)})"
             ) from None
 
-    def _put(self, batch: Any) -> dict[str, jax.Array]:
+    def _put(self, batch: Any) -> dict[str, Array]:
         """The global arrays of one batch; their transfers start now, and
         ``make_array_from_process_local_data`` returns without waiting."""
         if not isinstance(batch, Mapping):
             raise TypeError(
-                f"the DataLoader's transform must return a dict of arrays for JaxLoader, got {type(batch).__name__}"
+                "the DataLoader's transform must return a dict of arrays for JaxLoader, "
+                f"got {type(batch).__name__}"
             )
-        out: dict[str, jax.Array] = {}
+        out: dict[str, Array] = {}
         for name, value in batch.items():
             if not isinstance(value, np.ndarray):
                 if isinstance(value, (list, tuple)):
@@ -323,13 +328,13 @@ class JaxLoader:
             except StopIteration:
                 self._ended = True
                 return
-            except Exception as exc:  # noqa: BLE001 - re-raised to the caller in its turn
+            except Exception as exc:
                 self._queue.append(_Failure(exc))
                 self._ended = True
                 return
             try:
                 self._queue.append(self._put(batch))
-            except Exception as exc:  # noqa: BLE001 - re-raised to the caller in its turn
+            except Exception as exc:
                 self._queue.append(_Failure(exc))
                 self._ended = True
             del batch  # release the host arrays once JAX holds them
@@ -337,7 +342,7 @@ class JaxLoader:
     def __iter__(self) -> JaxLoader:
         return self
 
-    def __next__(self) -> dict[str, jax.Array]:
+    def __next__(self) -> dict[str, Array]:
         if self._closed:
             raise StopIteration
         # Queue the next `prefetch` batches before handing this one out, so
@@ -408,7 +413,7 @@ class JaxLoader:
         if loader is not None:
             loader.close()
 
-    def __enter__(self) -> JaxLoader:  # noqa: PYI034 - typing.Self needs Python 3.11
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

@@ -49,15 +49,18 @@ plain store counts as one) becomes one or more read tasks, yielding blocks of
 columns, Ragged columns as variable-shaped tensor columns. Iterate with
 ``preserve_order`` on to see the rows in store order.
 """
+
 from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import logging
 import os
 import pathlib
 import uuid
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence, Union
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -86,12 +89,12 @@ from loaderx.zrecord import (
 if TYPE_CHECKING:
     from ray.data.datasource.datasink import WriteResult
 
-__all__ = ["ZrecordDatasink", "ZrecordDatasource", "write_zrecord", "read_zrecord"]
+__all__ = ["ZrecordDatasink", "ZrecordDatasource", "read_zrecord", "write_zrecord"]
 
 logger = logging.getLogger(__name__)
 
-PathLike = Union[str, "os.PathLike[str]"]
-Values = Union[np.ndarray, "list[np.ndarray]"]  # a Dense batch, or Ragged rows
+PathLike = str | os.PathLike[str]
+Values = np.ndarray | list[np.ndarray]  # a Dense batch, or Ragged rows
 
 #: Decoded bytes a write task buffers before it writes a shard per column.
 SHARD_BYTES = 64 << 20
@@ -115,6 +118,7 @@ def _check_column(name: Any) -> str:
 # --------------------------------------------------------------------------
 # writing
 # --------------------------------------------------------------------------
+
 
 def _column_values(name: str, values: np.ndarray) -> Values:
     """One block's column as a store takes it: the ``(n, *shape)`` array Ray
@@ -167,7 +171,7 @@ def _nbytes(values: Values) -> int:
     return values.nbytes if isinstance(values, np.ndarray) else sum(r.nbytes for r in values)
 
 
-class ZrecordDatasink(Datasink):
+class ZrecordDatasink(Datasink[dict[str, Any]]):
     """Writes a Ray Dataset as one loaderx store set per column, at
     ``path/<column>`` (a local path every node can reach, or an
     object-storage URL): ``ds.write_datasink(ZrecordDatasink(path))``, or
@@ -257,8 +261,9 @@ class ZrecordDatasink(Datasink):
             raise ValueError(f"columns {missing} are not in the dataset (it has {have})")
         return self._columns
 
-    def _flush(self, shard: str, pending: dict[str, list[Values]],
-               written: dict[str, list[dict[str, Any]]]) -> None:
+    def _flush(
+        self, shard: str, pending: dict[str, list[Values]], written: dict[str, list[dict[str, Any]]]
+    ) -> None:
         """Writes one shard per column from the buffered blocks, and empties the buffer."""
         for name, pieces in pending.items():
             batches: list[Any] | None = None if name in self._ragged else _dense_form(pieces)
@@ -267,8 +272,14 @@ class ZrecordDatasink(Datasink):
             else:
                 (dtype, batches), shape = _ragged_form(name, pieces), None
             info = sets.write_shard(
-                _join(self._path, name), shard, batches, dtype=dtype, item_shape=shape,
-                codec=self._codec, dict_bytes=self._dict_bytes, storage_options=self._options,
+                _join(self._path, name),
+                shard,
+                batches,
+                dtype=dtype,
+                item_shape=shape,
+                codec=self._codec,
+                dict_bytes=self._dict_bytes,
+                storage_options=self._options,
             )
             written.setdefault(name, []).append(
                 {**info, "dtype": dtype.str, "item_shape": None if shape is None else list(shape)}
@@ -276,25 +287,24 @@ class ZrecordDatasink(Datasink):
         pending.clear()
 
     # -- on the driver, once -------------------------------------------------
-    def on_write_complete(self, write_result: WriteResult) -> None:
+    def on_write_complete(self, write_result: WriteResult[dict[str, Any]]) -> None:
         """Publishes one set per column from the successful tasks' shards,
         ordered by task index. Every column is checked (and re-encoded where
         needed) before the first manifest is written."""
-        returns = sorted((r for r in write_result.write_returns if r is not None),
-                         key=lambda r: r["task"])
+        returns = sorted((r for r in write_result.write_returns if r is not None), key=lambda r: r["task"])
         tasks = [r["task"] for r in returns]
         if len(set(tasks)) != len(tasks):
             raise RuntimeError(f"write tasks reported twice: {tasks}")
         missing = sorted(set(range(max(tasks, default=-1) + 1)) - set(tasks))
         if missing:  # only with DataContext.max_errored_blocks > 0: Ray chose to drop them
-            logger.warning("write tasks %s failed and were skipped; their rows are not in the sets",
-                           missing)
+            logger.warning("write tasks %s failed and were skipped; their rows are not in the sets", missing)
         columns: dict[str, list[dict[str, Any]]] = {}
         for r in returns:
             if r["rows"]:
                 if columns and set(r["columns"]) != set(columns):
-                    raise ValueError(f"write tasks disagree on the columns: "
-                                     f"{sorted(r['columns'])} vs {sorted(columns)}")
+                    raise ValueError(
+                        f"write tasks disagree on the columns: {sorted(r['columns'])} vs {sorted(columns)}"
+                    )
                 for name, entries in r["columns"].items():
                     columns.setdefault(name, []).extend(entries)
         if not columns:
@@ -306,9 +316,14 @@ class ZrecordDatasink(Datasink):
         for name, (dtype, shape, entries) in plans.items():
             self.manifests[name] = sets.commit(
                 _join(self._path, name),
-                [{"path": e["path"], "records": e["records"], "data_bytes": e["data_bytes"]}
-                 for e in entries],
-                dtype=dtype, item_shape=shape, codec=self._codec, storage_options=self._options,
+                [
+                    {"path": e["path"], "records": e["records"], "data_bytes": e["data_bytes"]}
+                    for e in entries
+                ],
+                dtype=dtype,
+                item_shape=shape,
+                codec=self._codec,
+                storage_options=self._options,
             )
 
     def on_write_failed(self, error: Exception) -> None:
@@ -316,42 +331,56 @@ class ZrecordDatasink(Datasink):
         published = sorted(self.manifests)
         logger.warning(
             "writing %s failed (%s); %s; shards written so far are not listed in any "
-            "manifest and may be deleted", self._path, error,
+            "manifest and may be deleted",
+            self._path,
+            error,
             f"columns {published} were already published" if published else "nothing was published",
         )
 
-    def _reconcile(self, name: str, entries: list[dict[str, Any]]
-                   ) -> tuple[str, tuple[int, ...] | None, list[dict[str, Any]]]:
+    def _reconcile(
+        self, name: str, entries: list[dict[str, Any]]
+    ) -> tuple[str, tuple[int, ...] | None, list[dict[str, Any]]]:
         """The column's dtype, item_shape (None: Ragged) and shard entries.
         Dense when every shard is Dense of one shape; otherwise Ragged, and the
         Dense shards (tasks whose rows happened to share a shape) are
         re-encoded as Ragged shards beside them."""
         dtypes = {e["dtype"] for e in entries}
         if len(dtypes) != 1:
-            raise ValueError(f"column {name!r} has rows of dtypes {sorted(dtypes)}: "
-                             "cast it to one dtype before writing")
+            raise ValueError(
+                f"column {name!r} has rows of dtypes {sorted(dtypes)}: cast it to one dtype before writing"
+            )
         dtype = dtypes.pop()
         shapes = {None if e["item_shape"] is None else tuple(e["item_shape"]) for e in entries}
         if len(shapes) == 1 and None not in shapes:
             return dtype, shapes.pop(), entries
         dense = [e for e in entries if e["item_shape"] is not None]
         if dense:
-            logger.info("column %r is ragged: re-encoding %d fixed-shape shard(s) (%d rows) as "
-                        "Ragged; ragged=[%r] avoids this", name, len(dense),
-                        sum(e["records"] for e in dense), name)
+            logger.info(
+                "column %r is ragged: re-encoding %d fixed-shape shard(s) (%d rows) as "
+                "Ragged; ragged=[%r] avoids this",
+                name,
+                len(dense),
+                sum(e["records"] for e in dense),
+                name,
+            )
         root = _join(self._path, name)
-        return dtype, None, [e if e["item_shape"] is None else self._as_ragged(root, e)
-                             for e in entries]
+        return dtype, None, [e if e["item_shape"] is None else self._as_ragged(root, e) for e in entries]
 
     def _as_ragged(self, root: str, entry: dict[str, Any]) -> dict[str, Any]:
         """Copies one committed Dense shard into a new Ragged shard."""
         src = Dense.open(_join(root, entry["path"]), storage_options=self._options)
         try:
             step = max(1, SHARD_BYTES // max(1, src.dtype.itemsize * int(np.prod(src.item_shape))))
-            batches = (_rows(src[i:i + step]) for i in range(0, len(src), step))
-            info = sets.write_shard(root, f"{entry['path']}-ragged", batches, dtype=src.dtype,
-                                    codec=self._codec, dict_bytes=self._dict_bytes,
-                                    storage_options=self._options)
+            batches = (_rows(src[i : i + step]) for i in range(0, len(src), step))
+            info = sets.write_shard(
+                root,
+                f"{entry['path']}-ragged",
+                batches,
+                dtype=src.dtype,
+                codec=self._codec,
+                dict_bytes=self._dict_bytes,
+                storage_options=self._options,
+            )
         finally:
             src.close()
         return {**info, "dtype": entry["dtype"], "item_shape": None}
@@ -387,13 +416,13 @@ def write_zrecord(
 # reading
 # --------------------------------------------------------------------------
 
+
 def _is_store(path: pathlib.Path) -> bool:
     """Whether a local folder holds a store set (manifest) or a plain store."""
     return (path / "manifest.json").is_file() or (path / "meta.zr").is_file()
 
 
-def _column_paths(path: PathLike | Mapping[str, PathLike],
-                  columns: Sequence[str] | None) -> dict[str, str]:
+def _column_paths(path: PathLike | Mapping[str, PathLike], columns: Sequence[str] | None) -> dict[str, str]:
     """``{column: store location}`` for what :class:`ZrecordDatasource` reads."""
     if isinstance(path, Mapping):
         paths = {str(k): os.fspath(v) for k, v in path.items()}
@@ -431,8 +460,12 @@ def _to_arrow(values: Values) -> pa.Array:
     return pa.array(values) if values.ndim == 1 else ArrowTensorArray.from_numpy(values)
 
 
-def _read_rows(parts: list[tuple[str, str, str, int]], count: int, block_rows: int,
-               storage_options: dict[str, Any] | None) -> Iterator[pa.Table]:
+def _read_rows(
+    parts: list[tuple[str, str, str, int]],
+    count: int,
+    block_rows: int,
+    storage_options: dict[str, Any] | None,
+) -> Iterator[pa.Table]:
     """A read task: ``count`` rows from ``(column, kind, shard, first row)``
     parts, as blocks of at most ``block_rows`` rows, in order."""
     stores = []
@@ -442,8 +475,9 @@ def _read_rows(parts: list[tuple[str, str, str, int]], count: int, block_rows: i
     try:
         for off in range(0, count, block_rows):
             n = min(block_rows, count - off)
-            yield pa.table({name: _to_arrow(store[start + off:start + off + n])
-                            for name, store, start in stores})
+            yield pa.table(
+                {name: _to_arrow(store[start + off : start + off + n]) for name, store, start in stores}
+            )
     finally:
         for _, store, _ in stores:
             store.close()
@@ -468,7 +502,7 @@ class ZrecordDatasource(Datasource):
         *,
         block_rows: int | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # ray leaves it unannotated
         self._options = None if storage_options is None else dict(storage_options)
         # Per column: kind, shard locations and their first rows; plus row bytes.
         self._columns: dict[str, tuple[str, list[str], list[int]]] = {}
@@ -484,11 +518,11 @@ class ZrecordDatasource(Datasource):
                     locs.append(loc if s["path"] is None else _join(loc, s["path"]))
                     firsts.append(first)
                     first += s["records"]
-                bounds.update(firsts + [first])
+                bounds.update([*firsts, first])
                 if isinstance(store, Dense):
                     self._row_bytes += store.dtype.itemsize * int(np.prod(store.item_shape))
                 elif n:  # decoded size is not recorded: sample the first rows
-                    sample = store[:min(n, 64)]
+                    sample = store[: min(n, 64)]
                     self._row_bytes += sum(r.nbytes for r in sample) // len(sample)
             self._columns[name] = (kind, locs, firsts)
         if not self._columns:
@@ -498,15 +532,16 @@ class ZrecordDatasource(Datasource):
         self._rows = lengths[name]
         # Every shard boundary of any column: a range between two never spans shards.
         edges = sorted(bounds)
-        self._ranges = [(a, b) for a, b in zip(edges, edges[1:], strict=False) if b > a]
+        self._ranges = [(a, b) for a, b in itertools.pairwise(edges) if b > a]
         self._block_rows = int(block_rows or max(1, BLOCK_BYTES // max(1, self._row_bytes)))
 
     def estimate_inmemory_data_size(self) -> int | None:
         """Decoded bytes of all rows (Ragged columns: from a sample)."""
         return self._rows * self._row_bytes
 
-    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
-                       data_context: Any = None) -> list[ReadTask]:
+    def get_read_tasks(
+        self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
+    ) -> list[ReadTask]:
         """One read task per shard range, split further (by rows) when Ray
         asks for more parallelism than there are shards."""
         tasks = []
@@ -515,14 +550,15 @@ class ZrecordDatasource(Datasource):
         for a, b in self._ranges:
             pieces = max(1, min(b - a, max(1, parallelism) * (b - a) // max(1, self._rows)))
             cuts = [a + (b - a) * k // pieces for k in range(pieces + 1)]
-            for start, stop in zip(cuts, cuts[1:], strict=False):
+            for start, stop in itertools.pairwise(cuts):
                 parts = []
                 for name, (kind, locs, firsts) in self._columns.items():
                     i = bisect.bisect_right(firsts, start) - 1  # the shard holding row `start`
                     parts.append((name, kind, locs[i], start - firsts[i]))
                 rows = stop - start
-                meta = BlockMetadata(num_rows=rows, size_bytes=rows * self._row_bytes,
-                                     input_files=None, exec_stats=None)
+                meta = BlockMetadata(
+                    num_rows=rows, size_bytes=rows * self._row_bytes, input_files=None, exec_stats=None
+                )
                 read = functools.partial(_read_rows, parts, rows, self._block_rows, self._options)
                 tasks.append(ReadTask(read, meta, **extra))
         return tasks
@@ -540,4 +576,5 @@ def read_zrecord(
     :class:`ZrecordDatasource`; ``read_args`` go to
     ``ray.data.read_datasource``, e.g. ``override_num_blocks``)."""
     source = ZrecordDatasource(path, columns, storage_options, block_rows=block_rows)
-    return ray.data.read_datasource(source, **read_args)
+    dataset: ray.data.Dataset = ray.data.read_datasource(source, **read_args)
+    return dataset

@@ -24,10 +24,12 @@ same way)::
     entries = dask.compute(*[part(k) for k in range(64)])
     sets.commit("s3://bucket/train/x", entries, dtype="uint8", item_shape=(3, 224, 224))
 """
+
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Sequence, TypedDict
+from collections.abc import Iterable, Sequence
+from typing import Any, TypedDict
 
 from loaderx import _native
 from loaderx.zrecord import (
@@ -36,12 +38,12 @@ from loaderx.zrecord import (
     StorageOptions,
     _check_codec,
     _check_dtype,
-    _stored_dtype,
     _check_item_shape,
     _storage_options,
+    _stored_dtype,
 )
 
-__all__ = ["ShardInfo", "write_shard", "commit"]
+__all__ = ["ShardInfo", "commit", "write_shard"]
 
 
 class ShardInfo(TypedDict):
@@ -86,11 +88,13 @@ def write_shard(
     url = f"{str(root).rstrip('/')}/{name}"
     writer: Dense | Ragged
     if item_shape is None:
-        writer = Ragged.create(url, dtype, codec=codec, dict_bytes=dict_bytes,
-                               storage_options=storage_options)
+        writer = Ragged.create(
+            url, dtype, codec=codec, dict_bytes=dict_bytes, storage_options=storage_options
+        )
     else:
-        writer = Dense.create(url, dtype, item_shape, codec=codec, dict_bytes=dict_bytes,
-                              storage_options=storage_options)
+        writer = Dense.create(
+            url, dtype, item_shape, codec=codec, dict_bytes=dict_bytes, storage_options=storage_options
+        )
     try:
         for batch in batches:
             writer.append(batch)
@@ -125,7 +129,12 @@ def commit(
     if not entries:
         raise ValueError("a set needs at least one shard")
     text = _native.commit_set(
-        str(root), "ragged" if shape is None else "dense", _stored_dtype(dt), shape, codec, entries,
+        str(root),
+        "ragged" if shape is None else "dense",
+        _stored_dtype(dt),
+        shape,
+        codec,
+        entries,
         _storage_options(storage_options),
     )
     manifest: dict[str, Any] = json.loads(text)

@@ -23,21 +23,22 @@ import collections
 import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 try:
     import torch
 except ImportError as e:  # pragma: no cover - exercised without torch only
-    raise ImportError(
-        "loaderx.torch needs PyTorch: pip install 'loaderx[torch]'"
-    ) from e
+    raise ImportError("loaderx.torch needs PyTorch: pip install 'loaderx[torch]'") from e
 
 from loaderx import _native
 from loaderx.dataloader import Batch, DataLoader, distributed_shard, identity
 from loaderx.zrecord import Dense, Ragged, _Store
 from loaderx.zsampler import Sampler
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11+
 
 __all__ = [
     "IterableStreams",
@@ -75,9 +76,7 @@ def to_tensor(array: np.ndarray) -> torch.Tensor:
     try:
         return torch.from_numpy(array)
     except TypeError:
-        raise TypeError(
-            f"torch has no dtype for {array.dtype} ({name}); convert it in a transform"
-        ) from None
+        raise TypeError(f"torch has no dtype for {array.dtype} ({name}); convert it in a transform") from None
 
 
 def to_tensors(value: Any) -> Any:
@@ -91,8 +90,10 @@ def to_tensors(value: Any) -> Any:
     if isinstance(value, list):
         return [to_tensors(v) for v in value]
     if isinstance(value, tuple):
-        return type(value)(*map(to_tensors, value)) if hasattr(value, "_fields") else tuple(
-            map(to_tensors, value)
+        return (
+            type(value)(*map(to_tensors, value))
+            if hasattr(value, "_fields")
+            else tuple(map(to_tensors, value))
         )
     return value
 
@@ -324,7 +325,7 @@ class TorchLoader:
         self._drain()
         self._loader.close()
 
-    def __enter__(self) -> TorchLoader:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -372,7 +373,7 @@ def _check_streams(streams: Mapping[str, Any]) -> dict[str, Dense | Ragged]:
     return dict(streams)
 
 
-class StoreDataset(torch.utils.data.Dataset):
+class StoreDataset(torch.utils.data.Dataset[Any]):
     """A map-style dataset over equal-length stores, for
     ``torch.utils.data.DataLoader``.
 
@@ -410,7 +411,7 @@ class StoreDataset(torch.utils.data.Dataset):
         return self._batch(np.asarray(indices, dtype=np.int64))
 
 
-class IterableStreams(torch.utils.data.IterableDataset):
+class IterableStreams(torch.utils.data.IterableDataset[Any]):
     """The batches of a loaderx DataLoader as an ``IterableDataset``, for
     ``torch.utils.data.DataLoader(IterableStreams(...), batch_size=None)``.
 
@@ -477,15 +478,19 @@ class IterableStreams(torch.utils.data.IterableDataset):
         hi = drawn if o["shard_index"] + 1 == o["shard_count"] else lo + per_shard
         packed = o["packed"]
         ragged = {n for n, s in self.streams.items() if isinstance(s, Ragged)}
-        packed_names = ragged if packed is True else set() if not packed else (
-            {packed} if isinstance(packed, str) else set(packed)
+        packed_names = (
+            ragged
+            if packed is True
+            else set()
+            if not packed
+            else ({packed} if isinstance(packed, str) else set(packed))
         )
         transform = o["transform"]
         step = self.start_step + worker
         while end is None or step < end:
             idx = sampler.batch_at(step)[lo:hi]
             batch = {
-                name: store.gather_packed(idx) if name in packed_names else store[idx]
+                name: cast(Ragged, store).gather_packed(idx) if name in packed_names else store[idx]
                 for name, store in self.streams.items()
             }
             if transform is not None and transform is not identity:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Union
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -38,9 +39,9 @@ def _evenly_spaced(n: int, k: int) -> np.ndarray:
 
 
 def train_dict(
-    source: Union[np.ndarray, Iterable[Any], Dense, Ragged],
+    source: np.ndarray | Iterable[Any] | Dense | Ragged,
     tier: str | None = None,
-    path: Union[str, "os.PathLike[str]", None] = None,
+    path: str | os.PathLike[str] | None = None,
 ) -> bytes:
     """Trains a zstd dictionary for ``codec="zstd_dict"`` stores.
 
@@ -68,7 +69,7 @@ def train_dict(
         n = len(source)  # raises RuntimeError when closed
         if n == 0:
             raise ValueError("cannot train a zstd dictionary on an empty store")
-        mean = source._reader.mean_record_bytes(64)
+        mean = source._require_reader().mean_record_bytes(64)
         idx = _evenly_spaced(n, int(budget // max(mean, 1.0)))
         for start in range(0, len(idx), _GATHER_CHUNK):
             chunk = source[idx[start : start + _GATHER_CHUNK]]
@@ -81,8 +82,7 @@ def train_dict(
     elif isinstance(source, np.ndarray):
         if source.ndim == 0:
             raise TypeError(
-                "len() of unsized object: train_dict takes records along axis 0, and a 0-d "
-                "array has none"
+                "len() of unsized object: train_dict takes records along axis 0, and a 0-d array has none"
             )
         if source.shape[0] == 0 or source.size == 0:
             raise ValueError("cannot train a zstd dictionary on an empty array")
@@ -112,8 +112,8 @@ def train_dict(
         raise ValueError("train_dict needs at least one record")
     if sampler.kept == 0:  # records, but all of them empty: nothing to learn from
         raise ZrecordError(
-            "zstd dictionary training failed (too few or too small samples): every record "
-            "is empty", ZrecordError.DICT_TRAINING,
+            "zstd dictionary training failed (too few or too small samples): every record is empty",
+            ZrecordError.DICT_TRAINING,
         )
     dictionary = sampler.train(size)
     if path is not None:

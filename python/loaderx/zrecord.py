@@ -16,14 +16,18 @@ import operator
 import os
 import pathlib
 import warnings
-from typing import Any, Iterable, Iterator, Mapping, Sequence, TypeVar, Union
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
 from loaderx import _native
 from loaderx._errors import ZrecordError
 
-__all__ = ["Dense", "Ragged", "ZrecordError", "DICT_TIERS", "CODECS", "ML_DTYPES"]
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11+
+
+__all__ = ["CODECS", "DICT_TIERS", "ML_DTYPES", "Dense", "Ragged", "ZrecordError"]
 
 #: Dictionary tiers for ``zstd_dict``: dictionary size and training sample
 #: budget, both in bytes.
@@ -38,20 +42,35 @@ CODECS = ("raw", "zstd", "zstd_dict")
 
 _MAX_RECORD_BYTES = 1 << 31
 
-PathLike = Union[str, "os.PathLike[str]"]
-StorageOptions = Mapping[str, Union[str, int, float, bool]]
-Index = Union[int, slice, Sequence[int], np.ndarray]
-_S = TypeVar("_S", bound="_Store")
+PathLike = str | os.PathLike[str]
+StorageOptions = Mapping[str, str | int | float | bool]
+Index = int | slice | Sequence[int] | np.ndarray
+_T = TypeVar("_T")
 
 
 #: Types of the optional ``ml-dtypes`` package a store can hold, stored by
 #: name (NumPy would print most as opaque ``V`` types). Reading or writing
 #: them imports ``ml_dtypes``, which registers the names with NumPy.
-ML_DTYPES = frozenset({
-    "bfloat16", "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn",
-    "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float6_e2m3fn",
-    "float6_e3m2fn", "float4_e2m1fn", "int2", "int4", "uint2", "uint4",
-})
+ML_DTYPES = frozenset(
+    {
+        "bfloat16",
+        "float8_e3m4",
+        "float8_e4m3",
+        "float8_e4m3b11fnuz",
+        "float8_e4m3fn",
+        "float8_e4m3fnuz",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+        "float6_e2m3fn",
+        "float6_e3m2fn",
+        "float4_e2m1fn",
+        "int2",
+        "int4",
+        "uint2",
+        "uint4",
+    }
+)
 
 
 def _is_ml_dtype(dt: np.dtype) -> bool:
@@ -68,7 +87,8 @@ def _ml_dtype(name: str) -> np.dtype:
             f"{name} records need the ml-dtypes package: pip install ml-dtypes "
             "(or pip install 'loaderx[ml-dtypes]')"
         ) from None
-    return np.dtype(getattr(ml_dtypes, name))
+    dt: np.dtype = np.dtype(getattr(ml_dtypes, name))
+    return dt
 
 
 def _stored_dtype(dt: np.dtype) -> str:
@@ -77,7 +97,7 @@ def _stored_dtype(dt: np.dtype) -> str:
     provided it reads back as the same dtype."""
     if _is_ml_dtype(dt):
         return str(dt.name)
-    stored = dt.str
+    stored: str = dt.str
     try:
         back = np.dtype(stored)
     except TypeError:
@@ -105,9 +125,7 @@ def _check_dtype(dtype: Any) -> np.dtype:
     if dt.metadata is not None:  # even an empty metadata dict, as in 2.0.0
         raise ValueError(f"dtype metadata is not supported: got {dt!r} with {dict(dt.metadata)!r}")
     if dt.hasobject:
-        raise ValueError(
-            f"object dtypes cannot be persisted: records are stored as raw bytes, got {dt}"
-        )
+        raise ValueError(f"object dtypes cannot be persisted: records are stored as raw bytes, got {dt}")
     _stored_dtype(dt)  # refused now, before anything is written, if it would not read back
     return dt
 
@@ -199,14 +217,14 @@ def _is_url(path: str) -> bool:
 def _location(path: PathLike) -> tuple[str, pathlib.Path | str]:
     """The string handed to the engine and the ``path`` attribute: a
     ``pathlib.Path`` for local stores, the URL itself for object storage."""
-    text = os.fspath(path)
+    text: str | bytes = os.fspath(path)
     if not isinstance(text, str):
         # pathlib refuses a bytes path with 2.0.0's words.
-        pathlib.PurePath(text)
+        pathlib.PurePath(text)  # type: ignore[arg-type]
         raise TypeError(f"a store path must be a str or os.PathLike[str], got {type(path).__name__}")
     if _is_url(text):
         return text, text
-    return text, pathlib.Path(text[len("file://"):] if text.startswith("file://") else text)
+    return text, pathlib.Path(text[len("file://") :] if text.startswith("file://") else text)
 
 
 def _open_any(
@@ -223,7 +241,7 @@ def _open_any(
     text, shown = _location(path)
     options = _storage_options(storage_options)
     kind, handle = _native.ReaderHandle.open_any(text, data_access, options, verify_checksums)
-    cls: type[Dense] | type[Ragged] = Dense if kind == "dense" else Ragged
+    cls: type[Dense | Ragged] = Dense if kind == "dense" else Ragged
     return cls._adopt(handle, shown, options)
 
 
@@ -307,9 +325,7 @@ def _index_array(key: Any, n: int) -> np.ndarray:
     # A boolean array is a mask even when empty: it must have the store's length.
     if arr.dtype == np.bool_:
         if arr.ndim != 1 or arr.shape[0] != n:
-            raise IndexError(
-                f"boolean mask must be one-dimensional with length {n}, got shape {arr.shape}"
-            )
+            raise IndexError(f"boolean mask must be one-dimensional with length {n}, got shape {arr.shape}")
         return np.flatnonzero(arr)
     if arr.size == 0:
         return np.empty(0, dtype=np.int64)
@@ -344,7 +360,7 @@ def _out_of_range(n: int, index: int) -> IndexError:
     return IndexError(f"record index out of range for container of length {n}: index {index}")
 
 
-def _gathering(n: int, idx: np.ndarray, gather: Any, *args: Any) -> Any:
+def _gathering(n: int, idx: np.ndarray, gather: Callable[..., _T], *args: Any) -> _T:
     """``gather(idx, *args)``, with the engine's range error (it checks every
     index before reading any) restated in 2.0.0's words."""
     try:
@@ -361,8 +377,24 @@ class _Store:
 
     _kind: str = ""
     __slots__ = (
-        "_path", "_dtype", "_codec", "_writer", "_reader", "_has_dict", "_storage_options", "_verify",
+        "_codec",
+        "_dtype",
+        "_has_dict",
+        "_path",
+        "_reader",
+        "_storage_options",
+        "_verify",
+        "_writer",
     )
+    # The slots' types (annotations only: no class attributes beside the slots).
+    _path: pathlib.Path | str
+    _dtype: np.dtype
+    _codec: str
+    _writer: _native.WriterHandle | None
+    _reader: _native.ReaderHandle | None
+    _has_dict: bool
+    _storage_options: dict[str, Any] | None
+    _verify: bool
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         name = type(self).__name__
@@ -373,7 +405,7 @@ class _Store:
 
     @classmethod
     def _writer_of(
-        cls: type[_S],
+        cls,
         path: PathLike,
         dtype: np.dtype,
         item_shape: list[int] | None,
@@ -383,7 +415,7 @@ class _Store:
         shard_bytes: Any = None,
         storage_options: StorageOptions | None = None,
         checksums: bool = True,
-    ) -> _S:
+    ) -> Self:
         text, shown = _location(path)
         if isinstance(shown, pathlib.Path) and shown.exists() and not shown.is_dir():
             # 2.0.0 reports this as the I/O failure (-2) of making the directory.
@@ -402,7 +434,14 @@ class _Store:
         self._reader = None
         self._storage_options = options
         self._writer = _native.WriterHandle.create(
-            text, cls._kind, _stored_dtype(dtype), item_shape, codec, dict_bytes, records, nbytes,
+            text,
+            cls._kind,
+            _stored_dtype(dtype),
+            item_shape,
+            codec,
+            dict_bytes,
+            records,
+            nbytes,
             options,
             checksums,
         )
@@ -411,12 +450,12 @@ class _Store:
 
     @classmethod
     def _reader_of(
-        cls: type[_S],
+        cls,
         path: PathLike,
         data_access: str | None,
         storage_options: StorageOptions | None = None,
         verify_checksums: bool = False,
-    ) -> _S:
+    ) -> Self:
         if data_access not in (None, "auto", "read", "map"):
             raise ValueError(f"data_access must be 'auto', 'read' or 'map', got {data_access!r}")
         text, shown = _location(path)
@@ -426,17 +465,13 @@ class _Store:
                 "range requests (tune them with storage_options)"
             )
         options = _storage_options(storage_options)
-        handle = _native.ReaderHandle.open(
-            text, cls._kind, data_access, options, bool(verify_checksums)
-        )
+        handle = _native.ReaderHandle.open(text, cls._kind, data_access, options, bool(verify_checksums))
         self = cls._adopt(handle, shown, options)
         self._verify = bool(verify_checksums)
         return self
 
     @classmethod
-    def _adopt(
-        cls: type[_S], handle: Any, shown: pathlib.Path | str, options: dict[str, Any] | None
-    ) -> _S:
+    def _adopt(cls, handle: Any, shown: pathlib.Path | str, options: dict[str, Any] | None) -> Self:
         """Wraps an open native reader of this kind."""
         self = object.__new__(cls)
         self._path = shown
@@ -455,7 +490,7 @@ class _Store:
         self._writer = None
         self._reader = handle
         if handle.item_shape is not None:
-            self._item_shape = tuple(int(d) for d in handle.item_shape)
+            cast("Dense", self)._item_shape = tuple(int(d) for d in handle.item_shape)
         return self
 
     # -- attributes ---------------------------------------------------------
@@ -474,9 +509,7 @@ class _Store:
         handle = self._writer if self._writer is not None else self._reader
         if handle is None or handle.closed:
             raise self._closed_error()
-        return [
-            {"path": p, "records": n, "data_bytes": b} for p, n, b in handle.shards()
-        ]
+        return [{"path": p, "records": n, "data_bytes": b} for p, n, b in handle.shards()]
 
     @property
     def dtype(self) -> np.dtype:
@@ -574,30 +607,31 @@ class _Store:
         # ResourceWarning (python -X dev, -W default, pytest).
         writer = getattr(self, "_writer", None)
         if writer is not None and not writer.closed:
-            try:
+            try:  # noqa: SIM105 - contextlib may be gone at interpreter shutdown
                 warnings.warn(
                     f"unclosed {self._describe()}: the store stays uncommitted and will not "
                     f"open; call close() or create it in a `with` block",
                     ResourceWarning,
+                    stacklevel=1,
                     source=self,
                 )
             except Exception:  # interpreter shutdown: nothing left to warn with
                 pass
 
-    def __enter__(self: _S) -> _S:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[pathlib.Path | str]]:
         # A reader travels to other processes (e.g. data-parallel workers) by
         # path and is reopened there; a writer is tied to its process.
         if self._reader is None or self._reader.closed:
             raise TypeError(f"only open readers can be pickled, not {self._describe()}")
         access = self._reader.data_access
         reopen = functools.partial(
-            type(self).open,
+            cast(Any, type(self)).open,  # Dense.open or Ragged.open
             data_access=None if access == "remote" else access,
             storage_options=self._storage_options,
             verify_checksums=self._verify,
@@ -624,7 +658,7 @@ class _Store:
         return RuntimeError(f"Container is closed ({self._describe()})")
 
     # A closed store reports being closed before its role, as in 2.0.0.
-    def _require_reader(self) -> Any:
+    def _require_reader(self) -> _native.ReaderHandle:
         if self.closed:
             raise self._closed_error()
         if self._writer is not None:
@@ -632,9 +666,9 @@ class _Store:
                 f"read requires a container returned by open(): {self._describe()} was "
                 f"made by .create(); close it, then read it with {type(self).__name__}.open(path)"
             )
-        return self._reader
+        return cast("_native.ReaderHandle", self._reader)
 
-    def _require_writer(self) -> Any:
+    def _require_writer(self) -> _native.WriterHandle:
         if self.closed:
             raise self._closed_error()
         if self._reader is not None:
@@ -643,11 +677,11 @@ class _Store:
                 f"from .open() and is read-only; build a new store with "
                 f"{type(self).__name__}.create(path, ...) to add records"
             )
-        return self._writer
+        return cast("_native.WriterHandle", self._writer)
 
     # -- reads --------------------------------------------------------------
     @staticmethod
-    def _resolve(reader: Any, key: Index) -> tuple[int | None, np.ndarray | None]:
+    def _resolve(reader: _native.ReaderHandle, key: Index) -> tuple[int | None, np.ndarray | None]:
         """``(i, None)`` for a single record ``i`` (range-checked), else
         ``(None, indices)`` for a record set."""
         i = _scalar_index(key)
@@ -662,6 +696,7 @@ class _Store:
         reader = self._require_reader()
         i, idx = self._resolve(reader, key)
         if idx is None:
+            assert i is not None  # _resolve gives one of the two
             return self._gather_one(reader, i)
         return self._gather(reader, idx)
 
@@ -677,10 +712,10 @@ class _Store:
         for start in range(0, n, 1024):
             yield from self._gather(reader, np.arange(start, min(start + 1024, n), dtype=np.int64))
 
-    def _gather(self, reader: Any, idx: np.ndarray) -> Any:  # pragma: no cover - abstract
+    def _gather(self, reader: _native.ReaderHandle, idx: np.ndarray) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _gather_one(self, reader: Any, i: int) -> Any:  # pragma: no cover - abstract
+    def _gather_one(self, reader: _native.ReaderHandle, i: int) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
@@ -694,6 +729,7 @@ class Dense(_Store):
 
     _kind = "dense"
     __slots__ = ("_item_shape",)
+    _item_shape: tuple[int, ...]
 
     @classmethod
     def create(
@@ -731,7 +767,14 @@ class Dense(_Store):
         shape = _check_item_shape(item_shape, dt)
         blob = _check_codec(codec, dict_bytes)
         self = cls._writer_of(
-            path, dt, list(shape), codec, blob, shard_records, shard_bytes, storage_options,
+            path,
+            dt,
+            list(shape),
+            codec,
+            blob,
+            shard_records,
+            shard_bytes,
+            storage_options,
             checksums,
         )
         self._item_shape = shape
@@ -794,10 +837,10 @@ class Dense(_Store):
         flat = np.ascontiguousarray(batch).reshape(-1).view(np.uint8)
         writer.append_dense(flat)
 
-    def _gather(self, reader: Any, idx: np.ndarray) -> np.ndarray:
+    def _gather(self, reader: _native.ReaderHandle, idx: np.ndarray) -> np.ndarray:
         return _gathering(len(reader), idx, reader.gather_dense_array, self._dtype)
 
-    def _gather_one(self, reader: Any, i: int) -> Any:
+    def _gather_one(self, reader: _native.ReaderHandle, i: int) -> Any:
         # Like NumPy indexing (and loaderx 2.0.0): a record of a scalar store
         # comes back as a NumPy scalar, any other record as an array.
         return self._gather(reader, np.array([i], dtype=np.int64))[0]
@@ -888,11 +931,10 @@ class Ragged(_Store):
             idx = np.array([i], dtype=np.int64)
         return _gathering(len(reader), idx, reader.gather_packed, self._dtype)
 
-    def _gather(self, reader: Any, idx: np.ndarray) -> list[np.ndarray]:
+    def _gather(self, reader: _native.ReaderHandle, idx: np.ndarray) -> list[np.ndarray]:
         if idx.shape[0] == 0:
             return []
         return _gathering(len(reader), idx, reader.gather_ragged, self._dtype)
 
-    def _gather_one(self, reader: Any, i: int) -> np.ndarray:
+    def _gather_one(self, reader: _native.ReaderHandle, i: int) -> np.ndarray:
         return reader.gather_ragged(np.array([i], dtype=np.int64), self._dtype)[0]
-

@@ -89,7 +89,7 @@ class Sampler:
         IID = 1
         CYCLIC = 2
 
-    __slots__ = ("_native", "_fill_next", "_indices", "__weakref__")
+    __slots__ = ("__weakref__", "_fill_next", "_indices", "_native")
 
     def __init__(
         self,
@@ -100,15 +100,15 @@ class Sampler:
     ) -> None:
         # Every type first, then every range, in 2.0.0's order (and words).
         length, batch_size, mode, seed = (
-            _integer("length", length), _integer("batch_size", batch_size),
-            _integer("mode", mode), _integer("seed", seed),
+            _integer("length", length),
+            _integer("batch_size", batch_size),
+            _integer("mode", mode),
+            _integer("seed", seed),
         )
         length = _u64("length", length, 1)
         batch_size = _u64("batch_size", batch_size, 1)
         if mode not in (0, 1, 2):
-            raise ValueError(
-                f"mode must be Sampler.Mode.SEQUENTIAL, IID, or CYCLIC: 0, 1 or 2, got {mode}"
-            )
+            raise ValueError(f"mode must be Sampler.Mode.SEQUENTIAL, IID, or CYCLIC: 0, 1 or 2, got {mode}")
         seed = _u64("seed", seed, 0)
         native = _native.Sampler(length, batch_size, mode, seed)
         self._native = native
@@ -158,9 +158,7 @@ class Sampler:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a position saved by :meth:`state_dict`."""
         if not isinstance(state_dict, Mapping):
-            raise TypeError(
-                f"state_dict must be a mapping, not {type(state_dict).__name__}"
-            )
+            raise TypeError(f"state_dict must be a mapping, not {type(state_dict).__name__}")
         if "step" not in state_dict:
             raise KeyError("state_dict has no 'step' entry")
         unknown = sorted(str(key) for key in state_dict if key != "step")

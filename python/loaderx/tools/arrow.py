@@ -1,0 +1,516 @@
+"""Arrow sources of the converter: Parquet and Arrow IPC files, pyarrow
+Tables, and Hugging Face ``datasets`` (saved with ``save_to_disk`` or passed as
+objects). They need the optional extra ``pip install 'loaderx[convert]'``;
+pyarrow and datasets are imported only when such a source is converted."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import pathlib
+import shutil
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from loaderx._progress import ProgressArg, make_progress
+from loaderx.tools._common import (
+    EXTRA_HINT,
+    ConvertError,
+    MissingExtraError,
+    UnsupportedColumnError,
+    _check_name,
+    _dict_for_rows,
+    _rows_per_chunk,
+    _select,
+    _set_layout,
+    _store_dtype,
+    _Targets,
+    _train,
+)
+from loaderx.zrecord import DICT_TIERS, Dense, Ragged
+
+# ---------------------------------------------------------------------------
+# convert: Arrow sources (Parquet, Arrow IPC, Hugging Face datasets, tables)
+# ---------------------------------------------------------------------------
+
+
+def _import_pyarrow(what: str) -> Any:
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError as e:
+        raise MissingExtraError(
+            f"{what} needs the optional dependency pyarrow, which is not installed ({e}); "
+            f"install it with: {EXTRA_HINT}"
+        ) from None
+    return pyarrow
+
+
+def _import_datasets(what: str) -> Any:
+    _import_pyarrow(what)
+    try:
+        import datasets
+    except ImportError as e:
+        raise MissingExtraError(
+            f"{what} needs the optional dependency datasets (Hugging Face), which is not "
+            f"installed ({e}); install it with: {EXTRA_HINT}"
+        ) from None
+    return datasets
+
+
+class _ParquetSource:
+    def __init__(self, path: pathlib.Path) -> None:
+        pa = _import_pyarrow(f"reading {path.name}")
+        import pyarrow.parquet as pq
+
+        try:
+            self.file = pq.ParquetFile(str(path))
+        except (pa.ArrowException, OSError) as e:
+            raise ConvertError(f"{path} is not a readable Parquet file: {e}") from None
+        self.schema = self.file.schema_arrow
+        meta = self.file.metadata
+        self.num_rows: int | None = meta.num_rows
+        size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        self.row_bytes = size / max(1, meta.num_rows)
+
+    def batches(self, columns: list[str], rows: int) -> Iterator[Any]:
+        yield from self.file.iter_batches(batch_size=rows, columns=columns)
+
+
+class _TableSource:
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        self.schema = table.schema
+        self.num_rows: int | None = table.num_rows
+        self.row_bytes = table.nbytes / max(1, table.num_rows)
+
+    def batches(self, columns: list[str], rows: int) -> Iterator[Any]:
+        yield from self.table.select(columns).to_batches(max_chunksize=rows)
+
+
+class _IpcSource:
+    """An Arrow IPC file (also Feather v2) or stream, memory-mapped."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        pa = _import_pyarrow(f"reading {path.name}")
+        self.pa = pa
+        self.path = path
+        found = None
+        for fmt in ("file", "stream"):
+            try:
+                reader = self._open(fmt)
+            except pa.ArrowInvalid:
+                continue
+            found = fmt
+            break
+        if found is None:
+            raise ConvertError(f"{path} is not a readable Arrow IPC / Feather file")
+        self.fmt: str = found
+        self.schema = reader.schema
+        if self.fmt == "file":
+            self.num_rows: int | None = sum(
+                reader.get_batch(i).num_rows for i in range(reader.num_record_batches)
+            )
+        else:
+            self.num_rows = None
+        self.row_bytes = path.stat().st_size / max(1, self.num_rows or 1)
+
+    def _open(self, fmt: str) -> Any:
+        source = self.pa.memory_map(str(self.path))
+        return self.pa.ipc.open_file(source) if fmt == "file" else self.pa.ipc.open_stream(source)
+
+    def batches(self, columns: list[str], rows: int) -> Iterator[Any]:
+        reader = self._open(self.fmt)
+        if self.fmt == "file":
+            parts: Iterable[Any] = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        else:
+            parts = reader
+        for batch in parts:
+            batch = batch.select(columns)
+            for a in range(0, batch.num_rows, rows):
+                yield batch.slice(a, rows)
+
+
+class _DatasetSource:
+    """A Hugging Face ``datasets.Dataset`` (honours its indices mapping)."""
+
+    def __init__(self, ds: Any) -> None:
+        self.ds = ds.with_format("arrow")
+        self.schema = ds.data.schema
+        self.num_rows: int | None = len(ds)
+        self.row_bytes = ds.data.nbytes / max(1, ds.data.num_rows)
+
+    def batches(self, columns: list[str], rows: int) -> Iterator[Any]:
+        n = self.num_rows or 0
+        for a in range(0, n, rows):
+            table = self.ds[a : a + rows]
+            yield from table.select(columns).to_batches()
+
+
+def _walk_type(t: Any) -> tuple[Any, list[int | None]]:
+    """(leaf type, list sizes outermost first; None for a variable-length level)."""
+    import pyarrow as pa
+
+    sizes: list[int | None] = []
+    while True:
+        if isinstance(t, pa.ExtensionType):
+            t = t.storage_type
+        elif pa.types.is_fixed_size_list(t):
+            sizes.append(t.list_size)
+            t = t.value_type
+        elif pa.types.is_list(t) or pa.types.is_large_list(t):
+            sizes.append(None)
+            t = t.value_type
+        else:
+            return t, sizes
+
+
+def _leaf_ok(t: Any) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t))
+
+
+class _Layout:
+    """One block of a column: flat leaf values, per-row bounds and shapes."""
+
+    __slots__ = ("bounds", "dims", "rows", "values")
+
+    def __init__(self, values: np.ndarray, bounds: np.ndarray, dims: np.ndarray) -> None:
+        self.values = values
+        self.bounds = bounds
+        self.dims = dims
+        self.rows = dims.shape[0]
+
+    def dense(self, item_shape: tuple[int, ...]) -> np.ndarray:
+        return self.values.reshape((self.rows, *item_shape))
+
+    def ragged(self) -> list[np.ndarray]:
+        v, b = self.values, self.bounds.tolist()
+        shapes = [tuple(d) for d in self.dims.tolist()]
+        return [v[b[i] : b[i + 1]].reshape(shapes[i]) for i in range(self.rows)]
+
+
+def _null_error(column: str, row0: int, arr: Any, bounds: np.ndarray) -> ConvertError:
+    # bounds: each row's range of elements of ``arr`` (one level of the column).
+    first = int(np.flatnonzero(~np.asarray(arr.is_valid().to_numpy(zero_copy_only=False)))[0])
+    row = int(np.searchsorted(bounds, first, side="right")) - 1
+    return UnsupportedColumnError(
+        f"unsupported column type: column {column!r} has a null value in row {row0 + row}; "
+        "stores hold no nulls (fill or drop them first)"
+    )
+
+
+def _layout(arr: Any, column: str, row0: int, dtype: np.dtype) -> _Layout:
+    """Flattens a block of a numeric (nested) list column, checking it has no
+    nulls and that every row is rectangular."""
+    import pyarrow as pa
+
+    n = len(arr)
+    bounds = np.arange(n + 1, dtype=np.int64)
+    dims: list[np.ndarray] = []
+    cur = arr
+    while True:
+        if isinstance(cur, pa.ExtensionArray):
+            cur = cur.storage
+        if cur.null_count:
+            raise _null_error(column, row0, cur, bounds)
+        t = cur.type
+        if pa.types.is_fixed_size_list(t):
+            size = t.list_size
+            child = cur.flatten()
+            child_off = np.arange(len(cur) + 1, dtype=np.int64) * size
+            dims.append(np.full(n, size, dtype=np.int64))
+        elif pa.types.is_list(t) or pa.types.is_large_list(t):
+            off = cur.offsets.to_numpy().astype(np.int64)
+            off -= off[0]
+            child = cur.flatten()
+            lens = np.diff(off)
+            dim = np.zeros(n, dtype=np.int64)
+            starts = bounds[:-1]
+            nonempty = bounds[1:] > starts
+            if nonempty.any():
+                s = starts[nonempty]
+                lo = np.minimum.reduceat(lens, s)
+                hi = np.maximum.reduceat(lens, s)
+                if (lo != hi).any():
+                    bad = int(np.flatnonzero(nonempty)[int(np.flatnonzero(lo != hi)[0])])
+                    raise UnsupportedColumnError(
+                        f"unsupported column type: column {column!r} row {row0 + bad} is a nested "
+                        "list whose inner lists differ in length, so it is not an array"
+                    )
+                dim[nonempty] = lo
+            dims.append(dim)
+            child_off = off
+        else:
+            break
+        bounds = child_off[bounds]
+        cur = child
+    values = cur.to_numpy(zero_copy_only=False)
+    if values.dtype != dtype:
+        values = values.astype(dtype)
+    shape = np.stack(dims, axis=1) if dims else np.zeros((n, 0), dtype=np.int64)
+    return _Layout(values, bounds, shape)
+
+
+class _ColumnPlan:
+    def __init__(self, name: str, arrow_type: Any) -> None:
+        self.name = name
+        leaf, sizes = _walk_type(arrow_type)
+        if not _leaf_ok(leaf) or (sizes and not _list_values_ok(arrow_type)):
+            raise UnsupportedColumnError(
+                f"unsupported column type: column {name!r} has type {arrow_type}; only numbers "
+                "(integers, floats, bools) and fixed- or variable-length lists of them convert "
+                "(leave it out with columns=/--columns)"
+            )
+        self.dtype = _store_dtype(leaf.to_pandas_dtype(), f"column {name!r}")
+        self.variable = any(s is None for s in sizes)
+        # Known now for fixed shapes; decided by a scan for variable lists.
+        self.kind: str | None = None if self.variable else "dense"
+        self.item_shape: tuple[int, ...] | None = None if self.variable else tuple(sizes)  # type: ignore[arg-type]
+        self.dict_bytes: bytes | None = None
+        # scan results
+        self.first_shape: tuple[int, ...] | None = None
+        self.uniform = True
+        self.first_empty: int | None = None
+        self.rows = 0
+        self.value_bytes = 0
+
+    def scan(self, lay: _Layout) -> None:
+        if lay.rows:
+            if self.first_shape is None:
+                self.first_shape = tuple(int(d) for d in lay.dims[0])
+            if self.uniform and not (lay.dims == np.asarray(self.first_shape, dtype=np.int64)).all():
+                self.uniform = False
+            empty = np.flatnonzero(np.diff(lay.bounds) == 0)
+            if empty.size and self.first_empty is None:
+                self.first_empty = self.rows + int(empty[0])
+        self.rows += lay.rows
+        self.value_bytes += lay.values.nbytes
+
+    def decide(self) -> None:
+        if self.kind is not None:
+            return
+        if self.uniform and self.first_shape is not None:
+            self.kind, self.item_shape = "dense", self.first_shape
+            return
+        self.kind = "ragged"
+        if self.first_empty is not None:
+            raise UnsupportedColumnError(
+                f"unsupported column type: column {self.name!r} row {self.first_empty} is empty; "
+                "a Ragged store cannot hold zero-byte records"
+            )
+
+
+def _list_values_ok(t: Any) -> bool:
+    # Lists must nest lists or numbers only (no structs inside, for instance).
+    leaf, _ = _walk_type(t)
+    return _leaf_ok(leaf)
+
+
+def _column(batch: Any, name: str) -> Any:
+    return batch.column(batch.schema.get_field_index(name))
+
+
+def _convert_tabular(
+    source: Any,
+    dst: pathlib.Path,
+    codec: str,
+    tier: str,
+    key: str | None,
+    columns: list[str] | None,
+    chunk_records: int | None,
+    progress: ProgressArg,
+    what: str,
+) -> dict[str, pathlib.Path]:
+    names_all = list(source.schema.names)
+    if len(set(names_all)) != len(names_all):
+        raise ConvertError(f"{what} has duplicate column names: {names_all}")
+    names = _select(names_all, key, columns, f"{what} has no column")
+    if not names:
+        raise ConvertError(f"{what} has no columns")
+    plans = {}
+    for name in names:
+        if key is None:
+            _check_name(name, "column")
+        plans[name] = _ColumnPlan(name, source.schema.field(name).type)
+    targets = _Targets(dst, None if key is not None else names)
+    rows = _rows_per_chunk(chunk_records, source.row_bytes)
+    _prepass(source, plans, codec, tier, rows, progress)
+    return _write_tabular(source, plans, targets, key, codec, rows, progress, what)
+
+
+def _prepass(
+    source: Any, plans: dict[str, _ColumnPlan], codec: str, tier: str, rows: int, progress: ProgressArg
+) -> None:
+    # Pre-passes, one column at a time (Parquet reads only that column):
+    # variable-length lists are scanned to choose Dense or Ragged, and
+    # zstd_dict columns train their dictionary on an evenly spread sample.
+    for name, plan in plans.items():
+        if plan.variable or (codec == "zstd_dict" and source.num_rows is None):
+            meter = make_progress(progress, source.num_rows, f"scan {name}")
+            try:
+                for batch in source.batches([name], rows):
+                    plan.scan(_layout(_column(batch, name), name, plan.rows, plan.dtype))
+                    meter.update(batch.num_rows)
+            finally:
+                meter.close()
+            plan.decide()
+        if codec == "zstd_dict":
+            plan.dict_bytes = _column_dict(source, plan, rows, tier)
+
+
+def _write_tabular(
+    source: Any,
+    plans: dict[str, _ColumnPlan],
+    targets: _Targets,
+    key: str | None,
+    codec: str,
+    rows: int,
+    progress: ProgressArg,
+    what: str,
+) -> dict[str, pathlib.Path]:
+    names = list(plans)
+    out: dict[str, pathlib.Path] = {}
+    writers: dict[str, Dense | Ragged] = {}
+    meter = make_progress(progress, source.num_rows, f"convert {what}")
+    try:
+        for name, plan in plans.items():
+            target = targets.prepare(targets.paths[None if key is not None else name])
+            try:
+                if plan.kind == "dense":
+                    writers[name] = Dense.create(
+                        target,
+                        plan.dtype,
+                        plan.item_shape or (),
+                        codec=codec,
+                        dict_bytes=plan.dict_bytes,
+                        **_set_layout(),
+                    )
+                else:
+                    writers[name] = Ragged.create(
+                        target, plan.dtype, codec=codec, dict_bytes=plan.dict_bytes, **_set_layout()
+                    )
+            except ValueError as e:
+                raise UnsupportedColumnError(f"unsupported column type: column {name!r}: {e}") from None
+            out[name] = target
+        row0 = 0
+        for batch in source.batches(names, rows):
+            if batch.num_rows == 0:
+                continue
+            for name, plan in plans.items():
+                lay = _layout(_column(batch, name), name, row0, plan.dtype)
+                writer = writers[name]
+                if isinstance(writer, Dense):  # plan.kind == "dense"
+                    shape = plan.item_shape or ()
+                    if lay.values.size != lay.rows * math.prod(shape):
+                        raise ConvertError(f"column {name!r} changed shape near row {row0}")
+                    writer.append(lay.dense(shape))
+                else:
+                    writer.append(lay.ragged())
+            row0 += batch.num_rows
+            meter.update(batch.num_rows)
+        for w in writers.values():
+            w.close()
+    except BaseException:
+        for w in writers.values():
+            with contextlib.suppress(Exception):
+                w.close()
+        targets.discard()
+        raise
+    finally:
+        meter.close()
+    return out
+
+
+def _column_dict(source: Any, plan: _ColumnPlan, rows: int, tier: str) -> bytes:
+    name = plan.name
+    what = f"column {name!r}"
+
+    def layouts() -> Iterator[_Layout]:
+        row0 = 0
+        for batch in source.batches([name], rows):
+            lay = _layout(_column(batch, name), name, row0, plan.dtype)
+            row0 += lay.rows
+            yield lay
+
+    if plan.kind == "dense":
+        shape = plan.item_shape or ()
+        width = math.prod(shape) * plan.dtype.itemsize
+        total = source.num_rows if source.num_rows is not None else plan.rows
+        if not total:
+            raise ConvertError(f"{what} has no records to train a zstd dictionary on")
+        return _dict_for_rows((lay.dense(shape) for lay in layouts()), total, width, tier, what)
+    # Ragged: the scan measured the column, so sample rows at a fixed stride.
+    budget = DICT_TIERS[tier]["samples"]
+    stride = max(1, -(-plan.value_bytes // budget))
+    sample: list[np.ndarray] = []
+    row0 = 0
+    for lay in layouts():
+        first = (-row0) % stride
+        b = lay.bounds
+        for i in range(first, lay.rows, stride):
+            sample.append(lay.values[b[i] : b[i + 1]])
+        row0 += lay.rows
+    if not sample:
+        raise ConvertError(f"{what} has no records to train a zstd dictionary on")
+    return _train(sample, tier, what)
+
+
+def _is_hf_dir(p: pathlib.Path) -> bool:
+    return any((p / f).is_file() for f in ("dataset_info.json", "state.json", "dataset_dict.json"))
+
+
+def _convert_hf(
+    ds: Any,
+    dst: pathlib.Path,
+    codec: str,
+    tier: str,
+    key: str | None,
+    columns: list[str] | None,
+    chunk_records: int | None,
+    progress: ProgressArg,
+    what: str,
+) -> dict[str, pathlib.Path]:
+    datasets = _import_datasets(f"converting {what}")
+    if isinstance(ds, datasets.DatasetDict):
+        splits = list(ds)
+        if key is not None:
+            if key not in ds:
+                raise ConvertError(f"{what} has no split {key!r}; it has: {', '.join(splits)}")
+            return _convert_hf(
+                ds[key], dst, codec, tier, None, columns, chunk_records, progress, f"{what} split {key!r}"
+            )
+        for split in splits:
+            _check_name(split, "split")
+        out = {}
+        made = [] if dst.exists() else [dst]
+        try:
+            for split in splits:
+                if not (dst / split).exists():
+                    made.append(dst / split)
+                got = _convert_hf(
+                    ds[split],
+                    dst / split,
+                    codec,
+                    tier,
+                    None,
+                    columns,
+                    chunk_records,
+                    progress,
+                    f"{what} split {split!r}",
+                )
+                out.update({f"{split}/{k}": v for k, v in got.items()})
+        except BaseException:
+            for p in made:
+                shutil.rmtree(p, ignore_errors=True)
+            raise
+        return out
+    if not isinstance(ds, datasets.Dataset):
+        raise TypeError(
+            f"convert takes a datasets.Dataset or DatasetDict, not {type(ds).__name__} "
+            "(materialise an IterableDataset first)"
+        )
+    return _convert_tabular(_DatasetSource(ds), dst, codec, tier, key, columns, chunk_records, progress, what)
