@@ -91,7 +91,26 @@ pub fn parse_ragged(
     if ndim > MAX_NDIM {
         return Err(corrupt(format!("rank {ndim} exceeds {MAX_NDIM}")));
     }
-    let header = 8 * (1 + ndim as usize);
+    parse_dims(index, record, 8, 8, ndim as usize, itemsize, dims)
+}
+
+/// Parses the `ndim` dims of decoded Ragged record `index`, each `width`
+/// bytes (8 or 4, little-endian) from byte `at`, appending them to `dims`;
+/// returns the prefix length. The dims must account for exactly the
+/// non-empty payload that follows. Shared by every Ragged prefix encoding
+/// (see `layout::RaggedPrefix`).
+#[inline]
+pub(crate) fn parse_dims(
+    index: u64,
+    record: &[u8],
+    at: usize,
+    width: usize,
+    ndim: usize,
+    itemsize: u64,
+    dims: &mut Vec<u64>,
+) -> Result<usize> {
+    let corrupt = |why: String| Error::Corrupt(format!("ragged record {index}: {why}"));
+    let header = at + width * ndim;
     if record.len() < header {
         return Err(corrupt(format!(
             "{} bytes cannot hold a rank-{ndim} shape prefix",
@@ -100,8 +119,11 @@ pub fn parse_ragged(
     }
     let start = dims.len();
     let mut elements: Option<u64> = Some(1);
-    for chunk in record[8..header].chunks_exact(8) {
-        let d = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+    for chunk in record[at..header].chunks_exact(width) {
+        let d = match width {
+            8 => u64::from_le_bytes(chunk.try_into().expect("8 bytes")),
+            _ => u32::from_le_bytes(chunk.try_into().expect("4 bytes")) as u64,
+        };
         elements = elements.and_then(|e| e.checked_mul(d));
         dims.push(d);
     }

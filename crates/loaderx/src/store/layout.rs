@@ -158,32 +158,7 @@ impl RaggedPrefix {
         if ndim as u64 > MAX_NDIM {
             return Err(corrupt(format!("rank {ndim} exceeds {MAX_NDIM}")));
         }
-        let header = at + width * ndim;
-        if record.len() < header {
-            return Err(corrupt(format!(
-                "{} bytes cannot hold a rank-{ndim} shape prefix",
-                record.len()
-            )));
-        }
-        let start = dims.len();
-        let mut elements: Option<u64> = Some(1);
-        for chunk in record[at..header].chunks_exact(width) {
-            let d = match width {
-                8 => u64::from_le_bytes(chunk.try_into().expect("8 bytes")),
-                _ => u32::from_le_bytes(chunk.try_into().expect("4 bytes")) as u64,
-            };
-            elements = elements.and_then(|e| e.checked_mul(d));
-            dims.push(d);
-        }
-        let payload = (record.len() - header) as u64;
-        if elements.and_then(|e| e.checked_mul(itemsize)) != Some(payload) || payload == 0 {
-            let shape = dims[start..].to_vec();
-            dims.truncate(start);
-            return Err(corrupt(format!(
-                "shape {shape:?} does not describe its {payload}-byte payload"
-            )));
-        }
-        Ok(header)
+        super::geometry::parse_dims(index, record, at, width, ndim, itemsize, dims)
     }
 }
 
