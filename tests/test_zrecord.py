@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from loaderx.utils import train_dict
-from loaderx.zrecord import DICT_TIERS, Dense, Ragged, ZrecordError
+from loaderx.zrecord import DICT_TIERS, Dense, Ragged, SchemaError, ZrecordError
 
 CODECS = ["raw", "zstd", "zstd_dict"]
 KIB = 1024
@@ -1125,6 +1125,42 @@ def test_wrong_class_for_store(tmp_path):
         Dense.open(tmp_path / "r")
     with Dense.open(tmp_path / "d") as r, Ragged.open(tmp_path / "r") as q:
         assert len(r) == 10 and len(q) == len(RAGGED_RECS)
+
+
+def test_wrong_kind_is_a_schema_error(tmp_path):
+    """SchemaError is a ValueError (2.0.0's type) without a code, and pickles."""
+    import pickle
+
+    make_dense(tmp_path / "d", F32)
+    with pytest.raises(SchemaError, match="^invalid ragged schema fields") as info:
+        Ragged.open(tmp_path / "d")
+    assert isinstance(info.value, ValueError) and not isinstance(info.value, ZrecordError)
+    again = pickle.loads(pickle.dumps(info.value))
+    assert type(again) is SchemaError and str(again) == str(info.value)
+    from loaderx.zrecord import _open_any
+
+    with _open_any(tmp_path / "d") as store:  # probing the kind is not an error
+        assert isinstance(store, Dense)
+
+
+def test_native_enum_arguments_are_parsed_on_conversion(tmp_path):
+    """Kind, codec and data_access names are parsed by the binding's
+    argument conversion: a wrong type is a TypeError naming the argument,
+    an unknown name the ValueError it always was."""
+    from loaderx import _native
+
+    make_dense(tmp_path / "d", F32)
+    with pytest.raises(ValueError, match="^unknown store kind \"sparse\""):
+        _native.ReaderHandle.open(str(tmp_path / "d"), "sparse")
+    with pytest.raises(TypeError, match="kind"):
+        _native.ReaderHandle.open(str(tmp_path / "d"), 1)
+    with pytest.raises(ValueError, match="^unknown data_access \"fast\""):
+        _native.ReaderHandle.open(str(tmp_path / "d"), "dense", "fast")
+    with pytest.raises(ValueError, match="^unknown codec \"lz4\""):
+        _native.WriterHandle.create(str(tmp_path / "n"), "dense", "<f4", [2], "lz4")
+    handle = _native.ReaderHandle.open(str(tmp_path / "d"), "dense", "read")
+    assert handle.data_access == "read"
+    handle.close()
 
 
 # --------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 training data loader, with a Rust core.
 
 Modules:
-    loaderx.zrecord     Dense and Ragged record stores, ZrecordError, DICT_TIERS
+    loaderx.zrecord     Dense and Ragged record stores, ZrecordError, SchemaError, DICT_TIERS
     loaderx.zsampler    Sampler: sequential, IID and cyclic index batches
     loaderx.dataloader  DataLoader over a dict of equal-length stores
     loaderx.utils       train_dict for zstd_dict stores

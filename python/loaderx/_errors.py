@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ArgumentTypeError", "ZrecordError"]
+__all__ = ["ArgumentTypeError", "SchemaError", "ZrecordError"]
 
 
 class ZrecordError(RuntimeError):
@@ -34,6 +34,19 @@ class ZrecordError(RuntimeError):
     # Keep the code across pickling (e.g. to a parent process).
     def __reduce__(self) -> tuple[type[ZrecordError], tuple[str, int]]:
         return (type(self), (str(self), self.code))
+
+
+class SchemaError(ValueError):
+    """A store whose schema is not the one the store kind expects: e.g.
+    ``Dense.open`` of a Ragged store (``invalid dense schema fields, expected
+    ['dtype', 'item_shape']: ...``), or a store set whose manifest names the
+    other kind.
+
+    loaderx 2.0.0 raises ``ValueError`` here, so this is a ``ValueError``
+    subclass: ``except ValueError`` still catches it. It has no ``code``:
+    the store's files are well formed, they hold the other kind of store
+    (a malformed schema is ``ZrecordError`` -8).
+    """
 
 
 class ArgumentTypeError(TypeError, ValueError):

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from loaderx import _validate
+
 __all__ = ["Pack", "Pad"]
 
 _SIDES = ("right", "left")
@@ -20,12 +22,7 @@ _I32_MAX = 2**31 - 1
 
 
 def _count(name: str, value: Any, upper: int = _I32_MAX) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    index: int = value.__index__()
-    if not 1 <= index <= upper:
-        raise ValueError(f"{name} must be in 1..{upper}, got {index}")
-    return index
+    return _validate.bounded(name, value, 1, upper, range_message="{name} must be in 1..{high}, got {value}")
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import math
 import numbers
-import operator
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from loaderx import _native
+from loaderx import _native, _validate
 from loaderx._distributed import distributed_shard
 from loaderx._errors import ArgumentTypeError
 from loaderx._shapes import Pack, Pad
@@ -56,36 +55,13 @@ def identity(batch: Batch) -> Batch:
 
 
 def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            import numpy as np
-
-            if isinstance(value, np.integer) and not isinstance(value, np.bool_):
-                value = int(value)
-            else:
-                raise TypeError
-        except TypeError:
-            raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
-    if value < 1:
-        raise ValueError(f"{name} must be positive, got {value}")
-    return int(value)
-
-
-def _integer(name: str, value: Any) -> int:
-    """``value`` as an int; TypeError (in Python's, and 2.0.0's, words) otherwise."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, not bool")
-    try:
-        return operator.index(value)
-    except TypeError as e:
-        raise TypeError(f"{e}: {name} must be an int") from None
-
-
-def _u64(name: str, value: Any, minimum: int = 0) -> int:
-    n = _integer(name, value)
-    if not minimum <= n < 2**64:
-        raise ValueError(f"{name} must be in {minimum}..2^64-1, got {n}")
-    return n
+    return _validate.bounded(
+        name,
+        value,
+        1,
+        type_message="{name} must be an integer, got {type}",
+        range_message="{name} must be positive, got {value}",
+    )
 
 
 def _check_streams(streams: Any, what: str, allow_empty: bool = False) -> dict[str, Any]:
@@ -342,19 +318,19 @@ class DataLoader:
         self._prefetch_size = _positive_int("prefetch_size", prefetch_size)
         # Types before values, as 2.0.0's sampler takes them.
         batch_size, mode, seed = (
-            _integer("batch_size", batch_size),
-            _integer("mode", mode),
-            _integer("seed", seed),
+            _validate.integer("batch_size", batch_size),
+            _validate.integer("mode", mode),
+            _validate.integer("seed", seed),
         )
         if len(next(iter(streams.values()))) == 0:
             raise ValueError("length must be in 1..2^64-1: the streams hold no records")
-        self._batch_size = _u64("batch_size", batch_size, minimum=1)
+        self._batch_size = _validate.u64("batch_size", batch_size, 1)
         if mode not in (0, 1, 2):
             raise ValueError(f"mode must be Sampler.Mode.SEQUENTIAL, IID, or CYCLIC: 0, 1 or 2, got {mode}")
         self._mode = mode
-        self._seed = _u64("seed", seed)
-        self._shard_count = _u64("shard_count", shard_count, minimum=1)
-        self._shard_index = _u64("shard_index", shard_index)
+        self._seed = _validate.u64("seed", seed)
+        self._shard_count = _validate.u64("shard_count", shard_count, 1)
+        self._shard_index = _validate.u64("shard_index", shard_index)
         if self._shard_index >= self._shard_count:
             raise ValueError(f"shard_index must be in 0..{self._shard_count - 1}, got {self._shard_index}")
         if self._batch_size % self._shard_count:
@@ -413,7 +389,7 @@ class DataLoader:
         # Memory lent by an adapter (loaderx.torch's pinned buffers) for the
         # Dense columns; see _lend.
         self._lent: Any = None
-        self._start(_u64("start_step", start_step))
+        self._start(_validate.u64("start_step", start_step))
 
     # -- pipeline -------------------------------------------------------------
     def _start(self, step: int) -> None:
@@ -423,10 +399,10 @@ class DataLoader:
         # flight at once (memory stays bounded by the slots).
         mix = self._mixture
         groups = [self._streams] if mix is None else mix.sources
-        remote = any(s._reader.data_access == "remote" for g in groups for s in g.values())
+        remote = any(s._require_reader().data_access == "remote" for g in groups for s in g.values())
         # Mixtures pass every source's readers, source after source, in the
         # stream order of the first source.
-        readers = [g[name]._reader for g in groups for name in self._names]
+        readers = [g[name]._require_reader() for g in groups for name in self._names]
         extra: dict[str, Any] = {}
         if mix is not None:
             extra.update(
@@ -539,7 +515,7 @@ class DataLoader:
         Unlike ``close()``, this waits (interruptibly) for the running
         transform calls and gathers of the old position to end before the new
         one starts, so the loader's memory bounds hold across the switch."""
-        step = _u64("step", state["step"])
+        step = _validate.u64("step", state["step"])
         self._close(None)
         self._start(step)
 

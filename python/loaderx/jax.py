@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from loaderx import _validate
 from loaderx.dataloader import DataLoader
 from loaderx.zrecord import Dense, Ragged
 
@@ -164,8 +165,10 @@ class JaxLoader:
     ) -> None:
         self._closed = True  # until fully built, so close() is safe
         self._jax = jax = _import_jax()
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-            raise ValueError(f"prefetch must be an int >= 0, got {prefetch!r}")
+        message = "{name} must be an int >= 0, got {value!r}"
+        prefetch = _validate.bounded(
+            "prefetch", prefetch, 0, type_message=message, range_message=message, type_error=ValueError
+        )
         self._prefetch = prefetch
         if isinstance(sharding, jax.sharding.Sharding):
             self._sharding: Sharding | None = sharding

@@ -32,7 +32,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised without torch only
     raise ImportError("loaderx.torch needs PyTorch: pip install 'loaderx[torch]'") from e
 
-from loaderx import _native
+from loaderx import _native, _validate
 from loaderx.dataloader import Batch, DataLoader, distributed_shard, identity
 from loaderx.zrecord import Dense, Ragged, _Store
 from loaderx.zsampler import Sampler
@@ -194,8 +194,10 @@ class TorchLoader:
             raise TypeError(
                 f"TorchLoader takes a DataLoader or a dict of opened stores, not {type(loader).__name__}"
             )
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
-            raise ValueError(f"prefetch must be an int of at least 1, got {prefetch!r}")
+        message = "{name} must be an int of at least 1, got {value!r}"
+        prefetch = _validate.bounded(
+            "prefetch", prefetch, 1, type_message=message, range_message=message, type_error=ValueError
+        )
         self._device = torch.device("cpu" if device is None else device)
         self._cuda = self._device.type == "cuda"
         if self._cuda and not _accelerator_available():
@@ -441,8 +443,11 @@ class IterableStreams(torch.utils.data.IterableDataset[Any]):
         prefetch_size: int = 4,
     ) -> None:
         self.streams = _check_streams(streams)
-        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
-            raise ValueError(f"steps must be a non-negative int or None, got {steps!r}")
+        if steps is not None:
+            message = "{name} must be a non-negative int or None, got {value!r}"
+            steps = _validate.bounded(
+                "steps", steps, 0, type_message=message, range_message=message, type_error=ValueError
+            )
         self.steps = steps
         self.start_step = start_step
         self.options: dict[str, Any] = {

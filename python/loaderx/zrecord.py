@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
-from loaderx import _native
-from loaderx._errors import ZrecordError
+from loaderx import _native, _validate
+from loaderx._errors import SchemaError, ZrecordError
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11+
 
-__all__ = ["CODECS", "DICT_TIERS", "ML_DTYPES", "Dense", "Ragged", "ZrecordError"]
+__all__ = ["CODECS", "DICT_TIERS", "ML_DTYPES", "Dense", "Ragged", "SchemaError", "ZrecordError"]
 
 #: Dictionary tiers for ``zstd_dict``: dictionary size and training sample
 #: budget, both in bytes.
@@ -259,11 +259,13 @@ def _storage_options(options: StorageOptions | None) -> dict[str, Any] | None:
 def _shard_limit(name: str, value: Any) -> int | None:
     if value is None:
         return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be a positive int, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
-    return int(value)
+    return _validate.bounded(
+        name,
+        value,
+        1,
+        type_message="{name} must be a positive int, got {value!r}",
+        range_message="{name} must be positive, got {value}",
+    )
 
 
 def _slice_indices(key: slice, n: int) -> np.ndarray:
@@ -657,8 +659,11 @@ class _Store:
     def _closed_error(self) -> RuntimeError:
         return RuntimeError(f"Container is closed ({self._describe()})")
 
-    # A closed store reports being closed before its role, as in 2.0.0.
     def _require_reader(self) -> _native.ReaderHandle:
+        """The native reader handle: the one way other modules (the loaders,
+        ``utils``, ``tools``) reach it. A closed store raises the closed-store
+        RuntimeError, a writer the read-requires-open() one; a closed store
+        reports being closed before its role, as in 2.0.0."""
         if self.closed:
             raise self._closed_error()
         if self._writer is not None:

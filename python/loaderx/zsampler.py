@@ -18,40 +18,26 @@ Example::
 from __future__ import annotations
 
 import enum
-import operator
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from loaderx import _native
+from loaderx import _native, _validate
 
 __all__ = ["Sampler"]
 
-_U64_MAX = (1 << 64) - 1
-
 
 def _integer(name: str, value: object) -> int:
-    """``value`` as a Python int; bools and non-integers raise TypeError.
-
-    The message starts with Python's own (``'float' object cannot be
-    interpreted as an integer``), which is what loaderx 2.0.0 raises.
-    """
-    if isinstance(value, bool):
-        # 2.0.0 takes True as 1; a bool here is a mistake (docs/compatibility.md).
-        raise TypeError(f"{name} must be an integer, not bool")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError as e:
-        raise TypeError(f"{e}: {name} must be an integer") from None
+    """``value`` as a Python int; bools and non-integers raise TypeError whose
+    message starts with Python's own (``'float' object cannot be interpreted
+    as an integer``), which is what loaderx 2.0.0 raises."""
+    return _validate.integer(name, value, noun="an integer")
 
 
 def _u64(name: str, value: object, low: int) -> int:
     """An integer in ``low..2**64-1``; outside that range raises ValueError."""
-    number = _integer(name, value)
-    if not low <= number <= _U64_MAX:
-        raise ValueError(f"{name} must be in {low}..2^64-1, got {number}")
-    return number
+    return _validate.u64(name, value, low, noun="an integer")
 
 
 class Sampler:

@@ -1,8 +1,9 @@
 //! Maps engine errors onto the Python exceptions of the loaderx API.
 //!
 //! Storage errors become `loaderx.zrecord.ZrecordError(message, code)`, a
-//! `RuntimeError` subclass defined in Python (`loaderx._errors`) so that it
-//! pickles and subclasses like any Python exception.
+//! `RuntimeError` subclass, and schema errors `loaderx.zrecord.SchemaError`,
+//! a `ValueError` subclass; both are defined in Python (`loaderx._errors`)
+//! so that they pickle and subclass like any Python exception.
 
 use loaderx::Error;
 use pyo3::exceptions::{PyFileNotFoundError, PyIndexError, PyRuntimeError, PyValueError};
@@ -11,21 +12,36 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
 static ZRECORD_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static SCHEMA_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 fn zrecord_error_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     ZRECORD_ERROR.import(py, "loaderx._errors", "ZrecordError")
+}
+
+fn schema_error_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    SCHEMA_ERROR.import(py, "loaderx._errors", "SchemaError")
+}
+
+/// An instance of the Python exception class `ty` made with `args`, or the
+/// error importing or calling it.
+fn python_error<'py, A>(ty: PyResult<&Bound<'py, PyType>>, args: A) -> PyErr
+where
+    A: pyo3::call::PyCallArgs<'py>,
+{
+    match ty.and_then(|t| t.call1(args)) {
+        Ok(value) => PyErr::from_value(value),
+        Err(failure) => failure,
+    }
 }
 
 /// Converts an engine error into the matching Python exception.
 pub fn to_py(py: Python<'_>, err: Error) -> PyErr {
     let message = err.to_string();
     if let Some(code) = err.code() {
-        return match zrecord_error_type(py).and_then(|t| t.call1((message.clone(), code))) {
-            Ok(value) => PyErr::from_value(value),
-            Err(import_failure) => import_failure,
-        };
+        return python_error(zrecord_error_type(py), (message, code));
     }
     match err {
+        Error::Schema(_) => python_error(schema_error_type(py), (message,)),
         Error::NotFound { .. } => PyFileNotFoundError::new_err(message),
         Error::IndexOutOfRange(_) => PyIndexError::new_err(message),
         Error::State(_) => PyRuntimeError::new_err(message),

@@ -24,6 +24,7 @@ use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
+use crate::args::{AccessArg, CodecArg, KindArg};
 use crate::arrays::{dense_array, packed_tuple, ragged_list};
 use crate::errors::IntoPyResult;
 
@@ -33,16 +34,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<WriterHandle>()?;
     m.add_class::<ReaderHandle>()?;
     Ok(())
-}
-
-fn parse_kind(kind: &str) -> PyResult<Kind> {
-    match kind {
-        "dense" => Ok(Kind::Dense),
-        "ragged" => Ok(Kind::Ragged),
-        other => Err(PyValueError::new_err(format!(
-            "unknown store kind {other:?}"
-        ))),
-    }
 }
 
 fn closed_error(what: &str) -> PyErr {
@@ -58,16 +49,16 @@ fn closed_error(what: &str) -> PyErr {
 fn commit_set(
     py: Python<'_>,
     root: String,
-    kind: &str,
+    kind: KindArg,
     dtype: &str,
     item_shape: Option<Vec<u64>>,
-    codec: &str,
+    codec: CodecArg,
     shards: Vec<(String, u64, u64)>,
     storage_options: Option<BTreeMap<String, Bound<'_, PyAny>>>,
 ) -> PyResult<String> {
     let storage = self::storage_options(storage_options)?;
-    let schema = schema_of(py, parse_kind(kind)?, dtype, item_shape)?;
-    let codec = Codec::from_name(codec).py(py)?;
+    let schema = schema_of(py, kind.0, dtype, item_shape)?;
+    let codec = codec.0;
     let entries = shards
         .into_iter()
         .map(|(path, records, bytes)| ShardEntry::new(path, records, bytes))
@@ -143,10 +134,10 @@ impl WriterHandle {
     fn create(
         py: Python<'_>,
         path: String,
-        kind: &str,
+        kind: KindArg,
         dtype: &str,
         item_shape: Option<Vec<u64>>,
-        codec: &str,
+        codec: CodecArg,
         dict_bytes: Option<&Bound<'_, PyBytes>>,
         shard_records: Option<u64>,
         shard_bytes: Option<u64>,
@@ -154,9 +145,8 @@ impl WriterHandle {
         checksums: bool,
     ) -> PyResult<Self> {
         let storage = self::storage_options(storage_options)?;
-        let kind = parse_kind(kind)?;
-        let codec = Codec::from_name(codec).py(py)?;
-        let schema = schema_of(py, kind, dtype, item_shape)?;
+        let codec = codec.0;
+        let schema = schema_of(py, kind.0, dtype, item_shape)?;
         let dict = dict_bytes.map(|b| b.as_bytes().to_vec());
         let sharding = (shard_records.is_some() || shard_bytes.is_some()).then_some(Sharding {
             records: shard_records,
@@ -353,15 +343,14 @@ impl ReaderHandle {
     fn open(
         py: Python<'_>,
         path: String,
-        kind: &str,
-        data_access: Option<&str>,
+        kind: KindArg,
+        data_access: Option<AccessArg>,
         storage_options: Option<BTreeMap<String, Bound<'_, PyAny>>>,
         verify_checksums: bool,
     ) -> PyResult<Self> {
-        let kind = parse_kind(kind)?;
         let options = read_options(data_access, storage_options, verify_checksums)?;
         let reader = py
-            .detach(|| StoreReader::open_with_options(&path, kind, &options))
+            .detach(|| StoreReader::open_with_options(&path, kind.0, &options))
             .py(py)?;
         Ok(Self::of(reader))
     }
@@ -372,7 +361,7 @@ impl ReaderHandle {
     fn open_any(
         py: Python<'_>,
         path: String,
-        data_access: Option<&str>,
+        data_access: Option<AccessArg>,
         storage_options: Option<BTreeMap<String, Bound<'_, PyAny>>>,
         verify_checksums: bool,
     ) -> PyResult<(&'static str, Self)> {
@@ -561,28 +550,14 @@ impl ReaderHandle {
 }
 
 fn read_options(
-    data_access: Option<&str>,
+    data_access: Option<AccessArg>,
     storage_options: Option<BTreeMap<String, Bound<'_, PyAny>>>,
     verify_checksums: bool,
 ) -> PyResult<ReadOptions> {
     Ok(ReadOptions {
-        access: parse_access(data_access)?,
+        access: AccessArg::or_env(data_access),
         verify_checksums,
         storage: self::storage_options(storage_options)?,
-    })
-}
-
-fn parse_access(data_access: Option<&str>) -> PyResult<DataAccess> {
-    Ok(match data_access {
-        None => DataAccess::from_env(),
-        Some("auto") => DataAccess::Auto,
-        Some("read") => DataAccess::Read,
-        Some("map") => DataAccess::Map,
-        Some(other) => {
-            return Err(PyValueError::new_err(format!(
-                "unknown data_access {other:?}: expected \"auto\", \"read\" or \"map\""
-            )))
-        }
     })
 }
 

@@ -2,10 +2,18 @@
 //!
 //! Storage failures carry the integer codes that loaderx 2.0.0 exposes as
 //! `ZrecordError.code`, so the Python binding can map every variant without a
-//! table of its own. Argument, index and lifecycle errors have no code: they
-//! become `ValueError`, `IndexError` and `RuntimeError` in Python.
+//! table of its own. Argument, schema, index and lifecycle errors have no
+//! code: they become `ValueError`, `loaderx.zrecord.SchemaError` (a
+//! `ValueError`), `IndexError` and `RuntimeError` in Python.
+//!
+//! The enum is `#[non_exhaustive]`: code outside this crate that matches on
+//! it keeps a wildcard arm, so a new variant is not a breaking change.
 
 use std::path::PathBuf;
+
+use crate::mixture::MixtureError;
+use crate::pass::PassError;
+use crate::sampler::SamplerError;
 
 /// Result alias used throughout the engine.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -62,7 +70,8 @@ pub enum Error {
         /// What is missing.
         reason: String,
     },
-    /// The stored schema is not exactly the one the store kind expects.
+    /// The stored schema is not exactly the one the store kind expects (a
+    /// store of the other kind, or other fields); Python's `SchemaError`.
     #[error("{0}")]
     Schema(String),
     /// A caller passed an invalid argument.
@@ -108,6 +117,27 @@ impl Error {
     }
 }
 
+/// A sampler that cannot be built from its arguments is an invalid argument.
+impl From<SamplerError> for Error {
+    fn from(e: SamplerError) -> Self {
+        Error::InvalidArgument(e.to_string())
+    }
+}
+
+/// A finite pass that cannot be built from its arguments is an invalid argument.
+impl From<PassError> for Error {
+    fn from(e: PassError) -> Self {
+        Error::InvalidArgument(e.to_string())
+    }
+}
+
+/// A mixture that cannot be built from its arguments is an invalid argument.
+impl From<MixtureError> for Error {
+    fn from(e: MixtureError) -> Self {
+        Error::InvalidArgument(e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +157,12 @@ mod tests {
         assert_eq!(Error::Busy(String::new()).code(), Some(-13));
         assert_eq!(Error::InvalidArgument(String::new()).code(), None);
         assert_eq!(Error::Schema(String::new()).code(), None);
+    }
+
+    #[test]
+    fn sampler_errors_are_invalid_arguments() {
+        let err = Error::from(SamplerError::ZeroBatchSize);
+        assert!(matches!(&err, Error::InvalidArgument(m) if m == "batch_size must be at least 1"));
+        assert_eq!(err.code(), None);
     }
 }

@@ -704,13 +704,14 @@ impl Loader {
     pub fn new(sources: Vec<Arc<dyn Source>>, config: LoaderConfig) -> Result<Loader> {
         let length = common_length(&sources, "a loader")?;
         let plan = match config.epochs {
-            None => Plan::Plain(
-                Sampler::new(length, config.batch_size, config.mode, config.seed)
-                    .map_err(|e| Error::InvalidArgument(e.to_string()))?,
-            ),
+            None => Plan::Plain(Sampler::new(
+                length,
+                config.batch_size,
+                config.mode,
+                config.seed,
+            )?),
             Some(epochs) => Plan::Pass {
-                pass: Pass::new(length, config.batch_size, config.mode, config.seed, epochs)
-                    .map_err(|e| Error::InvalidArgument(e.to_string()))?,
+                pass: Pass::new(length, config.batch_size, config.mode, config.seed, epochs)?,
                 offsets: None,
             },
         };
@@ -775,7 +776,6 @@ impl Loader {
             }
             lengths.push(common_length(streams_k, &format!("mixture source {k}"))?);
         }
-        let invalid = |e: String| Error::InvalidArgument(e);
         // Checks the weights (and the rest) even when a pass ignores them.
         let mixture = MixtureSampler::new(
             &lengths,
@@ -784,25 +784,23 @@ impl Loader {
             config.mode,
             proportions,
             config.seed,
-        )
-        .map_err(|e| invalid(e.to_string()));
+        );
         let plan = match config.epochs {
             None => Plan::Mixture(mixture?),
             Some(epochs) => {
-                if let Err(e) = crate::mixture::normalise(&weights) {
-                    return Err(invalid(e.to_string()));
-                }
+                crate::mixture::normalise(&weights)?;
                 let mut offsets = Vec::with_capacity(lengths.len() + 1);
                 let mut total = 0u64;
                 offsets.push(0);
                 for &len in &lengths {
                     total = total.checked_add(len).ok_or_else(|| {
-                        invalid("the mixture's sources hold more than 2^64 records".into())
+                        Error::InvalidArgument(
+                            "the mixture's sources hold more than 2^64 records".into(),
+                        )
                     })?;
                     offsets.push(total);
                 }
-                let pass = Pass::new(total, config.batch_size, config.mode, config.seed, epochs)
-                    .map_err(|e| invalid(e.to_string()))?;
+                let pass = Pass::new(total, config.batch_size, config.mode, config.seed, epochs)?;
                 Plan::Pass {
                     pass,
                     offsets: Some(offsets),

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from loaderx import _native
+from loaderx import _native, _validate
 from loaderx._progress import ProgressArg, make_progress
 from loaderx.tools._common import (
     _LAYOUT,
@@ -338,11 +338,7 @@ def convert(
     if tier not in DICT_TIERS:
         raise ValueError(f"unknown dictionary tier {tier!r}: expected one of {', '.join(DICT_TIERS)}")
     if chunk_records is not None:
-        if isinstance(chunk_records, bool) or not isinstance(chunk_records, (int, np.integer)):
-            raise TypeError(f"chunk_records must be an int, got {type(chunk_records).__name__}")
-        if chunk_records < 1:
-            raise ValueError(f"chunk_records must be at least 1, got {chunk_records}")
-        chunk_records = int(chunk_records)
+        chunk_records = _validate.bounded("chunk_records", chunk_records, 1)
     cols = _parse_columns(columns)
     args = (codec, tier)
     layout: _SetLayout = {}

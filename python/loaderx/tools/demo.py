@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from loaderx import _validate
 from loaderx.tools._common import PathLike, _MiB
 from loaderx.tools.inspect import info
 from loaderx.utils import train_dict
@@ -89,11 +90,8 @@ def demo(
     from loaderx.dataloader import DataLoader
     from loaderx.zsampler import Sampler
 
-    for name, value, low in (("records", records, 1), ("steps", steps, 1), ("batch_size", batch_size, 1)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < low:
-            raise ValueError(f"{name} must be at least {low}, got {value}")
+    for name, value in (("records", records), ("steps", steps), ("batch_size", batch_size)):
+        _validate.bounded(name, value, 1)
     t_start = time.perf_counter()
     temp = dir is None
     root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-demo-")) if dir is None else pathlib.Path(dir)
