@@ -2,7 +2,7 @@
 """Mixture overhead: a DataLoader over a Mixture of 3 sources vs one source of
 the same total size.
 
-    .venv/bin/python benches/bench_mixture.py            # ~1-2 minutes
+    .venv/bin/python benches/bench_mixture.py            # ~1 minute
     .venv/bin/python benches/bench_mixture.py --quick
 
 Workload: Dense int32[512] token blocks (2 KiB records), 30,000 records in
@@ -75,8 +75,9 @@ def rate(make, batches: int, warmup: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batches", type=int, default=300)
-    ap.add_argument("--warmup", type=int, default=20)
+    # 300 batches of ~70 us is a 20 ms window: too short for a shared machine.
+    ap.add_argument("--batches", type=int, default=3000)
+    ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--codecs", default="raw,zstd")

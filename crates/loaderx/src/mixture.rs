@@ -219,6 +219,26 @@ enum Deal {
     },
 }
 
+/// Writes into `out[i]` the number of the ascending `bounds` that are at
+/// most `values[i]`, as `bounds.partition_point(|&b| b <= values[i])` would.
+/// Sources are picked at random, so a search would mispredict its branches
+/// half of the time; against the few bounds of a small mixture, one
+/// vectorised pass over the values per bound counts them without a branch.
+fn rank_into(bounds: &[u64], values: &[u64], out: &mut [u32]) {
+    if bounds.len() <= 16 {
+        out.fill(0);
+        for &b in bounds {
+            for (o, &v) in out.iter_mut().zip(values) {
+                *o += u32::from(b <= v);
+            }
+        }
+    } else {
+        for (o, &v) in out.iter_mut().zip(values) {
+            *o = bounds.partition_point(|&b| b <= v) as u32;
+        }
+    }
+}
+
 /// A stateless, seekable sampler of `(source, record)` batches over a
 /// weighted mixture of sources. See the [module docs](self) for the rules.
 #[derive(Clone, Debug)]
@@ -415,37 +435,57 @@ impl MixtureSampler {
                     stream.fill_positions(u128::from(step) * u128::from(quotas[k]), run);
                 }
                 slots.fill(step, records);
-                for (s, r) in sources.iter_mut().zip(records.iter_mut()) {
-                    let v = *r;
-                    *s = (starts.partition_point(|&c| c <= v) - 1) as u32;
-                    *r = runs[v as usize];
+                // Value v belongs to the source k with starts[k] <= v <
+                // starts[k + 1]; starts[0] = 0 and starts[K] = batch_size
+                // hold for every value, so only the inner bounds are compared.
+                rank_into(&starts[1..starts.len() - 1], records, sources);
+                for r in records.iter_mut() {
+                    *r = runs[*r as usize];
                 }
             }
             Deal::Iid { upper, picks } => {
                 picks.fill(step, records);
-                let mut counts = vec![0usize; self.streams.len() + 1];
-                for (s, &u) in sources.iter_mut().zip(records.iter()) {
-                    let k = upper.partition_point(|&c| c <= u);
-                    *s = k as u32;
-                    counts[k + 1] += 1;
+                // u belongs to the source k with upper[k - 1] <= u <
+                // upper[k]; the last bound, 2^32, is above every u.
+                rank_into(&upper[..upper.len() - 1], records, sources);
+                // Counting sort of the slots by source, ascending within each
+                // source: ends[k] is first the start of source k's run in
+                // `order`, then (once every slot is placed) its end.
+                let mut ends = vec![0usize; self.streams.len()];
+                if ends.len() <= 16 {
+                    // A vectorised pass per source beats incrementing
+                    // counters in memory, one dependent on the last.
+                    for (k, e) in (0u32..).zip(ends.iter_mut()) {
+                        *e = sources.iter().filter(|&&s| s == k).count();
+                    }
+                } else {
+                    for &k in sources.iter() {
+                        ends[k as usize] += 1;
+                    }
                 }
-                for k in 1..counts.len() {
-                    counts[k] += counts[k - 1];
+                let mut sum = 0;
+                for e in ends.iter_mut() {
+                    (*e, sum) = (sum, sum + *e);
                 }
-                // Slots grouped by source, ascending within each source.
-                let mut order = vec![0u64; self.batch_len];
-                let mut next = counts.clone();
-                for (j, &s) in sources.iter().enumerate() {
-                    order[next[s as usize]] = j as u64;
-                    next[s as usize] += 1;
+                let mut scratch = vec![0u64; 2 * self.batch_len];
+                let (order, values) = scratch.split_at_mut(self.batch_len);
+                for (j, &k) in (0u64..).zip(sources.iter()) {
+                    let e = &mut ends[k as usize];
+                    order[*e] = j;
+                    *e += 1;
                 }
+                // Each source reads its slots' positions of its stream in one
+                // call, a cycle of the stream at a time.
                 let first = u128::from(step) * u128::from(self.batch_size);
-                let mut values = vec![0u64; self.batch_len];
-                for (k, stream) in self.streams.iter().enumerate() {
-                    let range = counts[k]..counts[k + 1];
-                    stream.fill_positions_at(first, &order[range.clone()], &mut values[range]);
+                let mut begin = 0;
+                for (stream, &end) in self.streams.iter().zip(&ends) {
+                    if end > begin {
+                        let range = begin..end;
+                        stream.fill_positions_at(first, &order[range.clone()], &mut values[range]);
+                    }
+                    begin = end;
                 }
-                for (&j, &v) in order.iter().zip(&values) {
+                for (&j, &v) in order.iter().zip(values.iter()) {
                     records[j as usize] = v;
                 }
             }
@@ -730,6 +770,151 @@ mod tests {
         .unwrap();
         let (sources, records) = m.batch_at(1);
         assert_eq!((&sources[..], &records[..]), PIN_IID);
+    }
+
+    #[test]
+    fn rank_counts_bounds_like_a_search() {
+        // Both ways of counting (a pass per bound for few bounds, a search
+        // for many) agree with `partition_point`, values on bounds included.
+        for count in [0usize, 1, 2, 15, 16, 17, 40] {
+            let bounds: Vec<u64> = (1..=count as u64).map(|b| b * b * 7).collect();
+            let values: Vec<u64> = (0..12_000).collect();
+            let mut got = vec![u32::MAX; values.len()];
+            rank_into(&bounds, &values, &mut got);
+            for (&v, &r) in values.iter().zip(&got) {
+                assert_eq!(
+                    r as usize,
+                    bounds.partition_point(|&b| b <= v),
+                    "{count} {v}"
+                );
+            }
+        }
+    }
+
+    /// FNV-1a over the little-endian bytes of `x`.
+    fn fnv(digest: &mut u64, x: u64) {
+        for byte in x.to_le_bytes() {
+            *digest ^= u64::from(byte);
+            *digest = digest.wrapping_mul(0x100_0000_01b3);
+        }
+    }
+
+    #[test]
+    fn streams_are_pinned_across_modes_and_sizes() {
+        // Digests of the (source, record) pairs of many steps, recorded
+        // before IID mixtures evaluated each source's positions in batches
+        // (and exact ones looked sources up without a search): how a batch
+        // is computed may change, the batch may not. The cases cover every
+        // mode and proportion, a source of one record, sources smaller than
+        // the batch (positions crossing cycles within a step), sources wider
+        // than 2^32, a batch wider than a chunk, and the last steps (cycle
+        // numbers past 2^64).
+        let cases: [(&[u64], &[f64], u64, u64); 6] = [
+            (&[15_000, 9_000, 6_000], &[0.5, 0.3, 0.2], 256, 1),
+            (&[100, 30], &[0.7, 0.3], 6, 42),
+            (&[7, 1, 50, 4097, 3], &[1.0, 2.0, 3.0, 4.0, 5.0], 1000, 9),
+            (
+                &[(1 << 40) + 3, 5, (1 << 33) + 1],
+                &[0.25, 0.25, 0.5],
+                300,
+                3,
+            ),
+            (&[1000], &[1.0], 64, 5),
+            (&[65_537, 131_072, 70_000], &[1.0, 1.0, 1.0], 200_000, 2),
+        ];
+        // Per case: sequential, iid, cyclic mode, each exact then iid.
+        let want: [[u64; 6]; 6] = [
+            [
+                0xc7e5_4ccb_f075_ec0f,
+                0xc888_79a9_3a13_b9ca,
+                0xe146_4f47_a8fd_799f,
+                0x9e70_500f_de4e_b113,
+                0x33e8_08c7_1070_a934,
+                0x456a_0355_8880_3220,
+            ],
+            [
+                0x1002_d010_a4a0_5865,
+                0x9697_c95e_1889_7cec,
+                0x5609_6b9f_5f37_96c6,
+                0xb938_0cbe_84bc_116c,
+                0xb5ec_61d7_f77e_7dfe,
+                0x72e5_2ee5_485a_c686,
+            ],
+            [
+                0x3869_f849_ab63_0773,
+                0x7a80_bd5a_cb94_5197,
+                0x8eb3_ac34_49b2_638a,
+                0xe62c_4392_153e_5d35,
+                0x9f61_b1fe_9554_602e,
+                0x3382_1dbf_7b43_dcca,
+            ],
+            [
+                0xd057_e123_14a4_3f80,
+                0x6cc4_78cf_b07e_fd10,
+                0x212b_2a35_239d_3c0c,
+                0x0846_e639_3ba9_7503,
+                0xfc1f_c0a3_b5ae_5db2,
+                0x9ab3_c27c_bfce_fba5,
+            ],
+            [
+                0x02f5_f2e7_0c8d_fe25,
+                0x6592_2de8_a791_4c85,
+                0xc689_ed0b_ee49_a5df,
+                0x03a3_6301_714e_b9b3,
+                0x67b9_fa92_ffca_75f5,
+                0xf06a_9171_d78f_8cf9,
+            ],
+            [
+                0x72ab_08f8_b791_4a58,
+                0x9d6e_30dd_50da_13c5,
+                0x15f5_f870_fb24_476f,
+                0xc824_e8ed_a72d_d42f,
+                0x9396_c85a_b8e8_be3c,
+                0x6514_461a_83d1_ac31,
+            ],
+        ];
+        for ((lengths, weights, batch, seed), want) in cases.into_iter().zip(want) {
+            let steps: Vec<u64> = if batch > 10_000 {
+                vec![0, 1, 77, u64::MAX]
+            } else {
+                (0..50)
+                    .chain([1000, 123_456_789, u64::MAX - 1, u64::MAX])
+                    .collect()
+            };
+            let mut want = want.into_iter();
+            for mode in [Mode::Sequential, Mode::Iid, Mode::Cyclic] {
+                for p in [Proportions::Exact, Proportions::Iid] {
+                    let m = MixtureSampler::new(lengths, weights, batch, mode, p, seed).unwrap();
+                    let mut digest = 0xcbf2_9ce4_8422_2325u64;
+                    for &step in &steps {
+                        let (sources, records) = m.batch_at(step);
+                        for (&k, &r) in sources.iter().zip(&records) {
+                            fnv(&mut digest, u64::from(k));
+                            fnv(&mut digest, r);
+                        }
+                    }
+                    assert_eq!(
+                        digest,
+                        want.next().unwrap(),
+                        "{lengths:?} batch {batch} {mode} {}",
+                        p.name()
+                    );
+                }
+            }
+        }
+        // The benchmark's mixture, spelled out: slots 0..4 of step 1.
+        let m = MixtureSampler::new(
+            &[15_000, 9_000, 6_000],
+            &[0.5, 0.3, 0.2],
+            256,
+            Mode::Cyclic,
+            Proportions::Iid,
+            1,
+        )
+        .unwrap();
+        let (sources, records) = m.batch_at(1);
+        assert_eq!(sources[..4], [0, 1, 0, 1]);
+        assert_eq!(records[..4], [14229, 2581, 8530, 6595]);
     }
 
     type Pin = (&'static [u32], &'static [u64]);

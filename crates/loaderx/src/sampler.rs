@@ -635,7 +635,7 @@ impl Sampler {
                         .min(CHUNK);
                     let (head, tail) = rest.split_at_mut(take);
                     let feistel = Feistel::new(self.domain_bits, derive(self.key, (q / n) as u64));
-                    self.fill_cyclic(&feistel, pos, head);
+                    self.fill_cyclic_dispatch(&feistel, Inputs::Run(pos), head);
                     q += take as u128;
                     rest = tail;
                 }
@@ -644,8 +644,10 @@ impl Sampler {
     }
 
     /// Writes the records at positions `first + offsets[i]` of the position
-    /// stream into `out[i]`. Offsets must ascend (a cyclic permutation is set
-    /// up once per cycle met, not once per position).
+    /// stream into `out[i]`. Offsets must ascend: the positions are taken a
+    /// cycle of the stream at a time (one permutation set up per cycle met,
+    /// not per position), and in cyclic mode go through the network in
+    /// vectorised blocks like a run of consecutive positions.
     pub(crate) fn fill_positions_at(&self, first: u128, offsets: &[u64], out: &mut [u64]) {
         debug_assert_eq!(offsets.len(), out.len());
         if self.mode == Mode::Iid {
@@ -654,42 +656,32 @@ impl Sampler {
             }
             return;
         }
-        let n = self.length;
-        // One 128-bit division for the first position; the ascending
-        // offsets then advance (cycle, position) with 64-bit arithmetic.
-        let mut last = offsets.first().copied().unwrap_or(0);
-        let start = first + u128::from(last);
-        let mut cycle = (start / u128::from(n)) as u64;
-        let mut pos = (start % u128::from(n)) as u64;
-        let mut feistel = Feistel::new(self.domain_bits, derive(self.key, cycle));
-        for (o, &off) in out.iter_mut().zip(offsets) {
-            let delta = off - last;
-            last = off;
-            if delta > 0 {
-                let (whole, part) = (delta / n, delta % n);
-                let mut next_cycle = cycle.wrapping_add(whole);
-                pos += part;
-                if pos >= n {
-                    pos -= n;
-                    next_cycle = next_cycle.wrapping_add(1);
+        let n = u128::from(self.length);
+        let mut done = 0;
+        while done < offsets.len() {
+            let rest = &offsets[done..];
+            let cycle = (first + u128::from(rest[0])) / n;
+            let cycle_start = cycle * n;
+            // The offsets whose positions fall in this cycle, those below
+            // `limit`, are `offset + shift` in it (no wrap-around: they lie
+            // in `0..length`).
+            let limit = cycle_start + n - first;
+            let count = u64::try_from(limit)
+                .map_or(rest.len(), |limit| rest.partition_point(|&o| o < limit));
+            let shift = first.wrapping_sub(cycle_start) as u64;
+            let (offs, outs) = (&rest[..count], &mut out[done..done + count]);
+            if self.mode == Mode::Cyclic {
+                // Cycle numbers are taken modulo 2^64.
+                let feistel = Feistel::new(self.domain_bits, derive(self.key, cycle as u64));
+                for (o, piece) in offs.chunks(CHUNK).zip(outs.chunks_mut(CHUNK)) {
+                    self.fill_cyclic_dispatch(&feistel, Inputs::At(o, shift), piece);
                 }
-                if next_cycle != cycle && self.mode == Mode::Cyclic {
-                    feistel = Feistel::new(self.domain_bits, derive(self.key, next_cycle));
+            } else {
+                for (o, &off) in outs.iter_mut().zip(offs) {
+                    *o = off.wrapping_add(shift);
                 }
-                cycle = next_cycle;
             }
-            *o = match self.mode {
-                Mode::Cyclic => {
-                    let mut x = [pos];
-                    loop {
-                        feistel.apply_block::<u64, 1>(&mut x);
-                        if x[0] < n {
-                            break x[0];
-                        }
-                    }
-                }
-                _ => pos,
-            };
+            done += count;
         }
     }
 
@@ -834,15 +826,43 @@ impl Sampler {
     /// Cyclic: positions `start..start + out.len()` of the cycle's permutation.
     #[inline(always)]
     fn fill_cyclic(&self, feistel: &Feistel, start: u64, out: &mut [u64]) {
-        if self.domain_bits <= 32 {
-            self.fill_cyclic_with::<u32>(feistel, start, out);
-        } else {
-            self.fill_cyclic_with::<u64>(feistel, start, out);
+        self.fill_cyclic_body(feistel, Inputs::Run(start), out);
+    }
+
+    /// Cyclic: the permutation's entries at the positions `inputs` names
+    /// (at most [`CHUNK`] of them), with the fastest kernel this processor
+    /// supports, for callers outside the chunk kernels. Scattered positions
+    /// ([`Inputs::At`]) go through the network a block at a time, as a run
+    /// of consecutive ones does.
+    fn fill_cyclic_dispatch(&self, feistel: &Feistel, inputs: Inputs<'_>, out: &mut [u64]) {
+        debug_assert!(out.len() <= CHUNK);
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx512` is only chosen after runtime detection of
+            // every feature the kernel is compiled with.
+            Isa::Avx512 => unsafe { kernels::fill_cyclic_avx512(self, feistel, inputs, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only chosen after runtime detection of AVX2.
+            Isa::Avx2 => unsafe { kernels::fill_cyclic_avx2(self, feistel, inputs, out) },
+            Isa::Generic => kernels::fill_cyclic_generic(self, feistel, inputs, out),
         }
     }
 
+    /// The body of every cyclic kernel.
     #[inline(always)]
-    fn fill_cyclic_with<W: Word>(&self, feistel: &Feistel, start: u64, out: &mut [u64]) {
+    fn fill_cyclic_body(&self, feistel: &Feistel, inputs: Inputs<'_>, out: &mut [u64]) {
+        if self.domain_bits <= 32 {
+            self.cyclic_kernel::<u32>(feistel, inputs, out);
+        } else {
+            self.cyclic_kernel::<u64>(feistel, inputs, out);
+        }
+    }
+
+    /// The cyclic kernel: the network's images of the positions `inputs`
+    /// names for `out`, walked back into `0..length` where they fall
+    /// outside, written to `out`.
+    #[inline(always)]
+    fn cyclic_kernel<W: Word>(&self, feistel: &Feistel, inputs: Inputs<'_>, out: &mut [u64]) {
         // Only a power-of-two length fills the Feistel domain exactly; any
         // other leaves values to walk back into `0..length`.
         let walking = self.domain_bits == 64 || self.length != 1 << self.domain_bits;
@@ -851,7 +871,27 @@ impl Sampler {
         let mut block = [W::default(); BLOCK];
         for begin in (0..out.len()).step_by(BLOCK) {
             let len = BLOCK.min(out.len() - begin);
-            feistel.apply_run(W::from_u64(start.wrapping_add(begin as u64)), &mut block);
+            match inputs {
+                Inputs::Run(start) => {
+                    feistel.apply_run(W::from_u64(start.wrapping_add(begin as u64)), &mut block);
+                }
+                Inputs::At(offsets, shift) => {
+                    for (x, &o) in block.iter_mut().zip(&offsets[begin..begin + len]) {
+                        *x = W::from_u64(o.wrapping_add(shift));
+                    }
+                    // Lanes past `len` hold stale (harmless) values; spare
+                    // the network most of them when few lanes are in use.
+                    if len <= 16 {
+                        feistel.apply_block::<W, 16>((&mut block[..16]).try_into().unwrap());
+                    } else if len <= 32 {
+                        feistel.apply_block::<W, 32>((&mut block[..32]).try_into().unwrap());
+                    } else if len <= 64 {
+                        feistel.apply_block::<W, 64>((&mut block[..64]).try_into().unwrap());
+                    } else {
+                        feistel.apply_block(&mut block);
+                    }
+                }
+            }
             for (o, &x) in out[begin..begin + len].iter_mut().zip(block.iter()) {
                 *o = x.to_u64();
             }
@@ -886,6 +926,14 @@ impl Sampler {
             walk.advance(feistel, n, out);
         }
     }
+}
+
+/// The positions a call of the cyclic kernel evaluates the permutation at,
+/// for `out[i]`: `start + i` (a run), or `offsets[i] + shift` (wrapping).
+#[derive(Clone, Copy)]
+enum Inputs<'a> {
+    Run(u64),
+    At(&'a [u64], u64),
 }
 
 /// Cycle-walking queue: values that the Feistel network mapped outside the
@@ -943,7 +991,7 @@ impl<W: Word> Walk<W> {
 
 /// Monomorphic copies of the chunk kernel, one per instruction set.
 mod kernels {
-    use super::Sampler;
+    use super::{Feistel, Inputs, Sampler};
 
     pub(super) fn fill_chunk_generic(s: &Sampler, step: u64, chunk: usize, out: &mut [u64]) {
         s.fill_chunk_body(step, chunk, out);
@@ -959,6 +1007,32 @@ mod kernels {
     #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw")]
     pub(super) fn fill_chunk_avx512(s: &Sampler, step: u64, chunk: usize, out: &mut [u64]) {
         s.fill_chunk_body(step, chunk, out);
+    }
+
+    pub(super) fn fill_cyclic_generic(
+        s: &Sampler,
+        f: &Feistel,
+        inputs: Inputs<'_>,
+        out: &mut [u64],
+    ) {
+        s.fill_cyclic_body(f, inputs, out);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    pub(super) fn fill_cyclic_avx2(s: &Sampler, f: &Feistel, inputs: Inputs<'_>, out: &mut [u64]) {
+        s.fill_cyclic_body(f, inputs, out);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw")]
+    pub(super) fn fill_cyclic_avx512(
+        s: &Sampler,
+        f: &Feistel,
+        inputs: Inputs<'_>,
+        out: &mut [u64],
+    ) {
+        s.fill_cyclic_body(f, inputs, out);
     }
 }
 
@@ -1492,10 +1566,24 @@ mod tests {
                         .collect();
                     assert_eq!(run, want, "{mode} n={n} first={first}");
                     let offsets: Vec<u64> = (0..300).filter(|o| o % 3 != 1).collect();
-                    let mut picked = vec![0; offsets.len()];
-                    one.fill_positions_at(first, &offsets, &mut picked);
                     let expect: Vec<u64> = offsets.iter().map(|&o| want[o as usize]).collect();
-                    assert_eq!(picked, expect, "{mode} n={n} first={first}");
+                    // Every kernel variant, and scattered reads of every
+                    // length (the kernel picks its block width by length).
+                    for isa in isas() {
+                        let mut s = one.clone();
+                        s.isa = isa;
+                        let mut picked = vec![0; offsets.len()];
+                        s.fill_positions_at(first, &offsets, &mut picked);
+                        assert_eq!(picked, expect, "{mode} n={n} first={first} {isa:?}");
+                        for len in [1, 5, 17, 33, 65, 129] {
+                            let mut part = vec![0; len];
+                            s.fill_positions_at(first, &offsets[..len], &mut part);
+                            assert_eq!(part, expect[..len], "{mode} n={n} {isa:?} {len}");
+                        }
+                        let mut run = vec![0; 300];
+                        s.fill_positions(first, &mut run);
+                        assert_eq!(run, want, "{mode} n={n} first={first} {isa:?}");
+                    }
                 }
             }
         }
