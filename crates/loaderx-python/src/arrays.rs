@@ -132,7 +132,7 @@ pub fn packed_tuple<'py>(
         .collect();
     let cu_seqlens = dense_array(
         py,
-        Buf::from_slice(&cu_bytes),
+        aligned_copy(&cu_bytes)?,
         vec![batch.cu_seqlens.len() as npy_intp],
         &numpy::dtype::<i32>(py),
     )?;
@@ -143,18 +143,29 @@ pub fn packed_tuple<'py>(
         .collect();
     let shapes = dense_array(
         py,
-        Buf::from_slice(&shape_bytes),
+        aligned_copy(&shape_bytes)?,
         vec![n as npy_intp, batch.ndim as npy_intp],
         &numpy::dtype::<i64>(py),
     )?;
     PyTuple::new(py, [values, cu_seqlens, shapes])
 }
 
+/// `bytes` in an aligned engine buffer (MemoryError when that fails: never
+/// a panic across the FFI boundary).
+fn aligned_copy(bytes: &[u8]) -> PyResult<Buf> {
+    Buf::try_from_slice(bytes).ok_or_else(|| {
+        pyo3::exceptions::PyMemoryError::new_err(format!(
+            "cannot allocate {} bytes for a batch array",
+            bytes.len()
+        ))
+    })
+}
+
 /// Little-endian i32s in an aligned engine buffer, so a small int array
 /// crosses DLPack without a copy like the others.
-fn i32_buf(values: &[i32]) -> Buf {
+fn i32_buf(values: &[i32]) -> PyResult<Buf> {
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    Buf::from_slice(&bytes)
+    aligned_copy(&bytes)
 }
 
 fn dims(first: &[usize], rest: &[u64]) -> Vec<npy_intp> {
@@ -187,7 +198,7 @@ pub fn padded_arrays<'py>(
     if let Some(lengths) = batch.lengths {
         out.push(dense_array(
             py,
-            i32_buf(&lengths),
+            i32_buf(&lengths)?,
             dims(&[rows], &[]),
             &numpy::dtype::<i32>(py),
         )?);
@@ -213,11 +224,11 @@ pub fn row_packed_arrays<'py>(
         dense_array(py, batch.positions, dims(&[rows, mt], &[]), &int32)?,
         dense_array(
             py,
-            i32_buf(&batch.placement),
+            i32_buf(&batch.placement)?,
             dims(&[records, 3], &[]),
             &int32,
         )?,
-        dense_array(py, i32_buf(&[dropped]), Vec::new(), &int32)?,
+        dense_array(py, i32_buf(&[dropped])?, Vec::new(), &int32)?,
     ])
 }
 

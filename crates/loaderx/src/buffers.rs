@@ -76,11 +76,17 @@ impl Buf {
         })
     }
 
-    /// A copy of `bytes`.
-    pub fn from_slice(bytes: &[u8]) -> Buf {
-        let mut buf = Buf::zeroed(bytes.len()).expect("memory for a buffer copy");
+    /// A copy of `bytes`, or `None` when the allocation fails.
+    pub fn try_from_slice(bytes: &[u8]) -> Option<Buf> {
+        let mut buf = Buf::zeroed(bytes.len())?;
         buf.copy_from_slice(bytes);
-        buf
+        Some(buf)
+    }
+
+    /// A copy of `bytes`; panics when the allocation fails (see
+    /// [`try_from_slice`](Self::try_from_slice) for the fallible form).
+    pub fn from_slice(bytes: &[u8]) -> Buf {
+        Buf::try_from_slice(bytes).expect("memory for a buffer copy")
     }
 
     /// Bytes in use.
@@ -449,6 +455,7 @@ pub(crate) mod tests {
             assert_eq!(b.len(), len / 2);
         }
         assert_eq!(Buf::from_slice(&[1, 2, 3]), [1u8, 2, 3]);
+        assert_eq!(Buf::try_from_slice(&[7; 65]).unwrap(), [7u8; 65]);
         assert_eq!(Buf::from(vec![4u8; 70]), vec![4u8; 70]);
         assert!(Buf::default().is_empty());
     }
