@@ -167,6 +167,31 @@ fn map_file(file: &File, path: &Path) -> Result<Option<Mmap>> {
 
 /// Checks that `dict.zr` (of `size` bytes, `None` when absent) is present
 /// exactly when the codec needs it, and not absurdly large.
+/// The size of a local `dict.zr`, or `None` when there is none.
+fn local_dict_size(path: &Path) -> Result<Option<u64>> {
+    match std::fs::metadata(path) {
+        Ok(m) => Ok(Some(m.len())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(format!("inspecting {}", path.display()), e)),
+    }
+}
+
+/// A local store's dictionary, read when its codec needs one (and checked
+/// against the codec either way, see [`check_dict`]).
+fn read_local_dict(
+    path: &Path,
+    size: Option<u64>,
+    codec: Codec,
+    where_: &str,
+) -> Result<Option<Vec<u8>>> {
+    if !check_dict(size, codec, where_)? {
+        return Ok(None);
+    }
+    std::fs::read(path)
+        .map(Some)
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))
+}
+
 fn check_dict(size: Option<u64>, codec: Codec, where_: &str) -> Result<bool> {
     match (codec, size) {
         (Codec::ZstdDict, Some(n)) if (1..=MAX_DICT_BYTES).contains(&n) => Ok(true),
@@ -319,11 +344,7 @@ impl Segment {
         let (header, schema, layout, ragged) = parse_page(&page, kind, meta_len, data_len, &name)?;
 
         let dict_path = dir.join(DICT_FILE);
-        let dict_size = match std::fs::metadata(&dict_path) {
-            Ok(m) => Some(m.len()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(Error::io(format!("inspecting {}", dict_path.display()), e)),
-        };
+        let dict_size = local_dict_size(&dict_path)?;
         let sums_path = dir.join(SUMS_FILE);
         let sums_size = std::fs::metadata(&sums_path).ok().map(|m| m.len());
         let disk_bytes = meta_len + data_len + dict_size.unwrap_or(0) + sums_size.unwrap_or(0);
@@ -336,14 +357,7 @@ impl Segment {
             )?),
             _ => None,
         };
-        let dict = if check_dict(dict_size, header.codec, &name)? {
-            Some(
-                std::fs::read(&dict_path)
-                    .map_err(|e| Error::io(format!("reading {}", dict_path.display()), e))?,
-            )
-        } else {
-            None
-        };
+        let dict = read_local_dict(&dict_path, dict_size, header.codec, &name)?;
 
         let table = Table::new(
             TableSource::Local {
@@ -466,20 +480,9 @@ impl Segment {
             files.push(file);
         }
         let dict_path = dir.join(DICT_FILE);
-        let dict_size = match std::fs::metadata(&dict_path) {
-            Ok(m) => Some(m.len()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(Error::io(format!("inspecting {}", dict_path.display()), e)),
-        };
+        let dict_size = local_dict_size(&dict_path)?;
         disk_bytes += dict_size.unwrap_or(0);
-        let dict = if check_dict(dict_size, h.codec, &name)? {
-            Some(
-                std::fs::read(&dict_path)
-                    .map_err(|e| Error::io(format!("reading {}", dict_path.display()), e))?,
-            )
-        } else {
-            None
-        };
+        let dict = read_local_dict(&dict_path, dict_size, h.codec, &name)?;
         let _ = verify; // these releases wrote no checksum sidecar
         let header = Header {
             length: h.length,
