@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from loaderx import _native, _validate
+from loaderx import _native, _procs, _validate
 from loaderx._distributed import distributed_shard
 from loaderx._errors import ArgumentTypeError
 from loaderx._shapes import Pack, Pad
@@ -32,7 +32,17 @@ if TYPE_CHECKING:
 
     from typing_extensions import Self  # typing.Self is Python 3.11+
 
-__all__ = ["DataLoader", "Mixture", "Pack", "Pad", "distributed_shard", "identity"]
+__all__ = [
+    "DataLoader",
+    "Mixture",
+    "Pack",
+    "Pad",
+    "TransformWorkerError",
+    "distributed_shard",
+    "identity",
+]
+
+TransformWorkerError = _procs.TransformWorkerError
 
 # The name of the finite-pass padding mask in every batch of a finite pass.
 MASK = "mask"
@@ -46,6 +56,9 @@ _CLOSE_GRACE = 0.25
 # handler (Ctrl-C, a SIGTERM handler raising SystemExit) runs promptly on
 # every platform, even where a blocked lock acquire is not interruptible.
 _WAIT_SLICE = 0.05
+# Batch size (bytes) from which a local loader gathers with one producer
+# thread instead of two; see DataLoader._local_producers.
+_LARGE_BATCH = 4 << 20
 
 
 def identity(batch: Batch) -> Batch:
@@ -212,6 +225,25 @@ class Mixture:
         return f"Mixture({{{parts}}}, proportions={self.proportions!r}, source_stream={self.source_stream!r})"
 
 
+def _check_workers(workers: Any, start_method: Any) -> str | None:
+    """The start method of process workers, or None for threads."""
+    if workers not in ("thread", "process"):
+        raise ValueError(f"workers must be 'thread' or 'process', got {workers!r}")
+    if workers == "thread":
+        if start_method is not None:
+            raise ValueError("start_method applies to workers='process' only")
+        return None
+    if start_method is None:
+        return _procs.default_start_method()
+    if start_method not in _procs.START_METHODS:
+        raise ValueError(
+            f"start_method must be one of {list(_procs.START_METHODS)} or None, got {start_method!r}"
+        )
+    if start_method not in _procs.available_start_methods():
+        raise ValueError(f"start_method {start_method!r} is not available on this platform")
+    return str(start_method)
+
+
 class _Failure:
     """An exception raised while producing a step, held until its turn."""
 
@@ -262,12 +294,25 @@ class DataLoader:
       natively per batch, so resume and sharding are unchanged; a transform
       sees the shaped batch. See ``Pad``, ``Pack`` and docs/shapes.md.
 
-    At most ``prefetch_size + transform_workers + 1`` batches are alive, and
-    with the identity transform a ``for`` loop sees at most
-    ``max(prefetch_size, 2) + 1``: the batch you were handed last counts
-    against ``prefetch_size`` until you ask for the next one (so
-    ``prefetch_size=1`` still prepares one batch ahead). With a transform,
-    batches held by its workers count toward ``prefetch_size`` as well.
+    Memory: every batch alive counts, wherever it is (being gathered,
+    gathered and waiting, in a transform worker, transformed and waiting for
+    its turn, handed to you). A ``for`` loop over the loader sees at most
+    ``max(prefetch_size, 2) + 1`` batches alive without a transform, and
+    ``max(prefetch_size + 2, transform_workers + 3)`` with one: the batch you
+    were handed last counts against ``prefetch_size`` until you ask for the
+    next one (so ``prefetch_size=1`` still prepares one batch ahead), the
+    loop's previous batch, still bound while it asks, is the ``+ 1``, and
+    batches held by transform workers count toward ``prefetch_size``. (A
+    transform that makes new arrays adds its results on top.)
+
+    ``workers="process"`` runs the transform in ``transform_workers``
+    processes instead of threads, for transforms that hold the GIL (Python
+    loops): batches are gathered into shared memory the workers map, only
+    references cross, and results come back through shared memory (see
+    docs/frameworks.md, "Process workers"). The transform must be picklable
+    unless ``start_method="fork"``; the default start method is
+    ``forkserver`` (``spawn`` where there is none). A worker that dies raises
+    ``TransformWorkerError`` naming the step.
     Without ``epochs``, iteration never ends by itself; ``close()`` (or leaving a ``with`` block)
     stops it, and a consumer waiting on it then sees StopIteration. A failure
     in a gather or the transform is raised to the consumer and stops the loader.
@@ -302,6 +347,8 @@ class DataLoader:
         epochs: int | None = None,
         pad: Mapping[str, Any] | None = None,
         pack: Mapping[str, Any] | None = None,
+        workers: str = "thread",
+        start_method: str | None = None,
     ) -> None:
         self._closed = True  # until fully started, so close() is safe
         if isinstance(streams, Mixture):
@@ -359,6 +406,10 @@ class DataLoader:
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}")
         self._transform = None if transform is None or transform is identity else transform
+        self._start_method = _check_workers(workers, start_method)
+        if self._start_method is not None and self._transform is not None:
+            # Fails here, not in a worker, when spawn cannot send the transform.
+            _procs.check_picklable(self._transform, self._start_method)
         self._names = list(streams)
         self._streams = dict(streams)
         self._steps: int | None = None
@@ -400,6 +451,7 @@ class DataLoader:
         mix = self._mixture
         groups = [self._streams] if mix is None else mix.sources
         remote = any(s._require_reader().data_access == "remote" for g in groups for s in g.values())
+        producers = max(2, prefetch) if remote else self._local_producers(groups)
         # Mixtures pass every source's readers, source after source, in the
         # stream order of the first source.
         readers = [g[name]._require_reader() for g in groups for name in self._names]
@@ -412,7 +464,37 @@ class DataLoader:
             )
         if self._epochs is not None:
             extra["epochs"] = self._epochs
-        core = _native.LoaderHandle(
+        procs = self._start_workers()
+        # Process workers map the batches the loader gathers into their
+        # arena; memory lent by an adapter (pinned) takes precedence, and
+        # its batches travel to the workers by copy instead.
+        lent = self._lent if self._lent is not None or procs is None else procs.pool
+        try:
+            core = self._core(readers, step, prefetch, producers, lent, extra)
+        except BaseException:
+            if procs is not None:
+                procs.stop()
+                procs.reap(1.0)
+            raise
+        self._steps = core.steps
+        self._pipe = _Pipeline(
+            core,
+            self._out_names + self._extra,
+            self._transform,
+            self._transform_workers,
+            step,
+            self._steps,
+            procs,
+        )
+        self._closed = False
+        # The pipeline's threads hold the pipeline, never the loader, so an
+        # abandoned loader is collected and its threads told to stop.
+        self._finalizer = weakref.finalize(self, self._pipe.shutdown, 0.0)
+
+    def _core(
+        self, readers: list[Any], step: int, prefetch: int, producers: int, lent: Any, extra: dict[str, Any]
+    ) -> Any:
+        return _native.LoaderHandle(
             readers,
             [s.dtype for s in self._streams.values()],
             [name in self._packed for name in self._names],
@@ -423,20 +505,51 @@ class DataLoader:
             prefetch,
             self._shard_index,
             self._shard_count,
-            max(2, prefetch) if remote else 2,
-            lent=self._lent,
+            producers,
+            lent=lent,
             pad=self._pad,
             pack=self._pack,
             **extra,
         )
-        self._steps = core.steps
-        self._pipe = _Pipeline(
-            core, self._out_names + self._extra, self._transform, self._transform_workers, step, self._steps
+
+    def _start_workers(self) -> _procs.ProcessWorkers | None:
+        """With ``workers="process"`` and a transform: the worker processes
+        and the shared arena the Dense streams are gathered into, with a
+        region per stream for every batch that can be alive."""
+        if self._start_method is None or self._transform is None:
+            return None
+        rows = self._batch_size // self._shard_count
+        regions = []
+        if self._lent is None:
+            regions = [
+                rows * store._require_reader().record_width
+                for store in self._streams.values()
+                if isinstance(store, Dense)
+            ]
+        return _procs.ProcessWorkers(
+            self._transform, self._transform_workers, self._start_method, regions, self._batches_alive() + 1
         )
-        self._closed = False
-        # The pipeline's threads hold the pipeline, never the loader, so an
-        # abandoned loader is collected and its threads told to stop.
-        self._finalizer = weakref.finalize(self, self._pipe.shutdown, 0.0)
+
+    def _local_producers(self, groups: list[dict[str, Any]]) -> int:
+        """Native producer threads for local stores: one for large batches, two otherwise.
+
+        Every gather already fans out over the process-wide pool, so one
+        producer keeps every core busy on a large batch; a second one would
+        only hold a second batch in progress (37 MiB for 256 images of
+        3x224x224) for no speed. On small batches the fixed cost of a step
+        (sampling, waking the pool, the hand-over) is comparable to the
+        gather, and a second producer hides it.
+        """
+        rows = self._batch_size // self._shard_count
+        largest = 0.0
+        for group in groups:
+            per_record = 0.0
+            for store in group.values():
+                reader = store._require_reader()
+                width = reader.record_width
+                per_record += width if width else reader.mean_record_bytes(64)
+            largest = max(largest, per_record)
+        return 1 if rows * largest >= _LARGE_BATCH else 2
 
     def _lend(self, pool: Any) -> None:
         """Gathers Dense columns into the regions of ``pool`` (a
@@ -450,10 +563,13 @@ class DataLoader:
 
     def _batches_alive(self) -> int:
         """Most batches this loader and a ``for`` loop over it hold at once
-        (see the class docstring): the native slots, the transform stage, the
-        batch being handed over and the one the consumer holds."""
-        workers = self._transform_workers if self._transform is not None else 0
-        return max(2, self._native_prefetch()) + workers + 2
+        (see the class docstring; tests/test_process_workers.py checks that
+        it is exact): the native slots, the batches in the transform stage
+        but for the one a native slot counts already, and the loop's
+        previous batch."""
+        if self._transform is None:
+            return max(2, self._prefetch_size) + 1
+        return self._native_prefetch() + self._transform_workers + 1
 
     def _native_prefetch(self) -> int:
         # Transform workers hold batches too (being transformed, or done and
@@ -583,8 +699,11 @@ class _Pipeline:
         workers: int,
         step: int,
         end: int | None,
+        procs: _procs.ProcessWorkers | None = None,
     ) -> None:
         self.core = core
+        # With process workers, worker thread i hands its batches to process i.
+        self.procs = procs
         # One past the last step of a finite pass (None: endless).
         self.end = end
         self.names = names
@@ -599,18 +718,20 @@ class _Pipeline:
         self.busy: set[threading.Thread] = set()
         # The thread closing the native core (see shutdown).
         self.reaper: threading.Thread | None = None
+        # The thread collecting the worker processes (see _reap_processes).
+        self.proc_reaper: threading.Thread | None = None
         self.threads: list[threading.Thread] = []
         if transform is not None:
             for i in range(workers):
-                t = threading.Thread(target=self._work, name=f"loaderx-transform-{i}", daemon=True)
+                t = threading.Thread(target=self._work, args=(i,), name=f"loaderx-transform-{i}", daemon=True)
                 self.threads.append(t)
                 t.start()
 
     def _pack(self, values: list[Any]) -> Batch:
         return dict(zip(self.names, values, strict=True))
 
-    def _work(self) -> None:
-        core, cond, transform = self.core, self.cond, self.transform
+    def _work(self, index: int) -> None:
+        core, cond, transform, procs = self.core, self.cond, self.transform, self.procs
         assert transform is not None  # workers run only with a transform
         me = threading.current_thread()
         while True:
@@ -635,7 +756,10 @@ class _Pipeline:
                         return  # never start a transform for a closed loader
                     self.busy.add(me)
                 try:
-                    result = transform(self._pack(values))
+                    if procs is None:
+                        result = transform(self._pack(values))
+                    else:
+                        result = procs.call(index, step, self._pack(values))
                 finally:
                     del values
                     with cond:
@@ -697,6 +821,11 @@ class _Pipeline:
         # native threads from claiming more steps; never blocks.
         self.core.request_close()
         self._reap()
+        if self.procs is not None:
+            # Unlike a thread, a process can be stopped mid-transform: its
+            # work is abandoned anyway, and its thread here wakes at once.
+            self.procs.stop()
+            self._reap_processes()
         me = threading.current_thread()
         if grace == 0 or me in self.threads:
             # From inside a transform (or a finalizer, or on an interrupt):
@@ -704,7 +833,7 @@ class _Pipeline:
             # close() joins what is left.
             return
         deadline = None if grace is None else time.monotonic() + grace
-        for t in [*workers, self.reaper]:
+        for t in [*workers, self.reaper, self.proc_reaper]:
             if t is None or t is me:
                 continue
             if deadline is None:
@@ -714,6 +843,22 @@ class _Pipeline:
             if left <= 0:
                 break
             t.join(left)
+
+    def _reap_processes(self) -> None:
+        # Collects the stopped worker processes (no zombies) on a thread of
+        # its own, which kills any still running after 2 s; shutdown joins
+        # it within its grace like the others.
+        procs = self.procs
+        assert procs is not None
+        with self.cond:
+            if self.proc_reaper is not None:
+                return
+            reaper = threading.Thread(target=procs.reap, args=(2.0,), name="loaderx-reap", daemon=True)
+            try:
+                reaper.start()
+            except RuntimeError:  # no new threads at interpreter shutdown
+                return
+            self.proc_reaper = reaper
 
     def _reap(self) -> None:
         # LoaderHandle.close() joins the native threads, so it waits for the

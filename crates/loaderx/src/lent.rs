@@ -112,18 +112,28 @@ impl LentPool {
     /// The smallest free region of at least `len` bytes, as a buffer of
     /// exactly `len` bytes (contents unspecified), or `None` when there is
     /// none; both outcomes are counted in [`stats`](Self::stats).
+    ///
+    /// Among equally small regions the one freed last is taken, so a
+    /// consumer that keeps fewer batches alive than it lent regions for
+    /// cycles through the same few: the others' pages are never touched,
+    /// which is what keeps lazily backed memory (a shared-memory file)
+    /// from growing to the size of the whole pool.
     pub fn take(self: &Arc<Self>, len: usize) -> Option<LentBuffer> {
         let mut st = self.lock();
+        // Freed regions are pushed at the end: the last of the smallest
+        // candidates is the most recently freed one.
         let best = st
             .free
             .iter()
             .enumerate()
             .filter(|(_, r)| r.len >= len)
-            .min_by_key(|(_, r)| r.len)
+            .min_by_key(|&(i, r)| (r.len, std::cmp::Reverse(i)))
             .map(|(i, _)| i);
         match best {
             Some(i) => {
-                let region = st.free.swap_remove(i);
+                // `remove`, not `swap_remove`: the free list stays in the
+                // order regions were freed (it holds a few dozen at most).
+                let region = st.free.remove(i);
                 st.lent += 1;
                 Some(LentBuffer {
                     pool: Arc::clone(self),
@@ -311,6 +321,31 @@ mod tests {
         assert_eq!(dropped.load(Ordering::SeqCst), 0);
         drop(pool);
         assert_eq!(dropped.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn reuses_the_region_freed_last_among_equals() {
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let pool = LentPool::new();
+        let regions: Vec<usize> = (0..4).map(|_| lend_vec(&pool, 64, &dropped)).collect();
+        // A consumer that keeps at most two batches alive touches two
+        // regions only, however long it runs.
+        let mut seen = std::collections::HashSet::new();
+        let mut held = std::collections::VecDeque::new();
+        for _ in 0..20 {
+            let buf = pool.take(64).expect("a free region");
+            seen.insert(buf.as_ptr() as usize);
+            held.push_back(buf);
+            if held.len() == 2 {
+                held.pop_front();
+            }
+        }
+        assert_eq!(seen.len(), 2, "{seen:?} of {regions:?}");
+        // The last one freed comes back first.
+        let last = held.pop_front().unwrap();
+        let addr = last.as_ptr() as usize;
+        drop(last);
+        assert_eq!(pool.take(64).unwrap().as_ptr() as usize, addr);
     }
 
     #[test]
