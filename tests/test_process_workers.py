@@ -279,6 +279,8 @@ def test_large_results_travel_through_shared_files_that_are_reused(stores, tmp_p
     with Dense.create(tmp_path / "big", np.uint8, (256, 1024), codec="raw") as w:
         w.append(np.stack([np.full((256, 1024), i, np.uint8) for i in range(16)]))
     big = Dense.open(tmp_path / "big")
+    gc.collect()
+    fds0, maps0 = memfds(), mapped_memfds()
     try:
         with DataLoader(
             {"x": big}, batch_size=4, transform=halve, transform_workers=2, workers="process", mode=0
@@ -291,8 +293,14 @@ def test_large_results_travel_through_shared_files_that_are_reused(stores, tmp_p
             # Each direction of each worker's socket keeps a few files; a
             # file per batch would have made ~30.
             assert mapped_memfds() <= 1 + 2 * 2 * 4
+            # Descriptors are closed once passed (Python's mmap keeps a
+            # duplicate of its own until the mapping is closed).
+            assert memfds() - fds0 <= mapped_memfds() - maps0
     finally:
         big.close()
+    del dl
+    gc.collect()
+    assert (memfds(), mapped_memfds()) == (fds0, maps0)
 
 
 def halve(batch):

@@ -189,19 +189,24 @@ class _Outbox:
     """
 
     def __init__(self) -> None:
-        # id -> (descriptor, size, mapping); all of them, in use or free.
-        self.files: dict[int, tuple[int, int, mmap.mmap]] = {}
+        # id -> (size, mapping); all of them, in use or free. A file's
+        # descriptor is closed once sent: the mappings keep the file.
+        self.files: dict[int, tuple[int, mmap.mmap]] = {}
         self.free: set[int] = set()
         self.forgotten: list[int] = []
         self.next_id = 0
 
     def write(self, views: list[memoryview], sizes: list[int]) -> tuple[int, int, int | None]:
-        """Copies ``views`` into a free file: (file id, bytes used, the
-        descriptor to send when the receiver has not seen this file yet)."""
+        """Copies ``views`` into a free file: (file id, bytes used, and for
+        a file the receiver has not seen yet, its descriptor, which the
+        caller sends and closes)."""
         total = sum(_aligned(n) for n in sizes)
-        fits = [i for i in self.free if self.files[i][1] >= total]
-        fresh = not fits
-        if fresh:
+        fits = [i for i in self.free if self.files[i][0] >= total]
+        fd = None
+        if fits:
+            key = min(fits, key=lambda i: self.files[i][0])
+            self.free.discard(key)
+        else:
             fd = _shared_file(total)
             try:
                 mapping = _map(fd, total)
@@ -209,16 +214,18 @@ class _Outbox:
                 os.close(fd)
                 raise
             key, self.next_id = self.next_id, self.next_id + 1
-            self.files[key] = (fd, total, mapping)
-        else:
-            key = min(fits, key=lambda i: self.files[i][1])
-            self.free.discard(key)
-        fd, _, mapping = self.files[key]
-        at = 0
-        for v, n in zip(views, sizes, strict=True):
-            mapping[at : at + n] = v
-            at += _aligned(n)
-        return key, total, fd if fresh else None
+            self.files[key] = (total, mapping)
+        mapping = self.files[key][1]
+        try:
+            at = 0
+            for v, n in zip(views, sizes, strict=True):
+                mapping[at : at + n] = v
+                at += _aligned(n)
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
+        return key, total, fd
 
     def release(self, keys: list[int]) -> None:
         """The receiver let go of files ``keys``."""
@@ -228,9 +235,8 @@ class _Outbox:
         while len(self.free) > _KEEP:
             key = max(self.free)  # the newest: older ones are already warm elsewhere
             self.free.discard(key)
-            fd, _, mapping = self.files.pop(key)
+            _, mapping = self.files.pop(key)
             mapping.close()
-            os.close(fd)
             self.forgotten.append(key)
 
     def take_forgotten(self) -> list[int]:
@@ -314,9 +320,13 @@ class _Channel:
             self.inbox.take_released(),
             self.outbox.take_forgotten(),
         )
-        self.conn.send(header)
-        if fd is not None:
-            reduction.send_handle(self.conn, fd, 0)
+        try:
+            self.conn.send(header)
+            if fd is not None:
+                reduction.send_handle(self.conn, fd, 0)
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def send_error(self, step: int, error: bytes) -> None:
         self.conn.send((_ERROR, step, error, [], None, False, b"", [], []))

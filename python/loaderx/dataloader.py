@@ -309,7 +309,7 @@ class DataLoader:
     processes instead of threads, for transforms that hold the GIL (Python
     loops): batches are gathered into shared memory the workers map, only
     references cross, and results come back through shared memory (see
-    docs/frameworks.md, "Process workers"). The transform must be picklable
+    docs/transforms.md). The transform must be picklable
     unless ``start_method="fork"``; the default start method is
     ``forkserver`` (``spawn`` where there is none). A worker that dies raises
     ``TransformWorkerError`` naming the step.
