@@ -178,7 +178,12 @@ def test_demo_defaults_use_a_temporary_directory():
     elapsed = time.perf_counter() - t0
     assert elapsed < 60
     for word in ("image", "label", "tokens", "zstd_dict", "raw", "batches/s", "records/s", "MiB/s",
-                 "equal to their source"):
+                 "each equal to its source records",
+                 # it says what the rows mean, that it warms up, which cache it read, what to try next
+                 "32 B on disk per 8-byte label", "writes at zstd level 19", "warm-up  50 batches",
+                 "median round", "page cache (warm)", "(cold)", "Next:",
+                 "loaderx demo --dir demo-stores", "loaderx info demo-stores/label",
+                 "loaderx verify demo-stores/*"):
         assert word in out, out
     first = out.splitlines()[0]
     where = first.split(" in ", 1)[1].split(" (temporary")[0]
@@ -192,6 +197,9 @@ def test_demo_keeps_dir_and_reports_json(tmp_path):
     assert report["records"] == 300 and report["kept"] is True
     loader = report["loader"]
     assert loader["steps"] == loader["verified_batches"] == 12
+    assert loader["warmup_steps"] == 12 and loader["rounds"] == 3  # warm-up: at most 50, at most --steps
+    assert len(loader["round_batches_per_s"]) == 3
+    assert min(loader["round_batches_per_s"]) <= loader["batches_per_s"] <= max(loader["round_batches_per_s"])
     assert loader["batches_per_s"] > 0 and loader["records_per_s"] > 0 and loader["mib_per_s"] > 0
     stores = report["stores"]
     assert stores["image"]["item_shape"] == [3, 64, 64] and stores["image"]["codec"] == "zstd"
@@ -201,6 +209,10 @@ def test_demo_keeps_dir_and_reports_json(tmp_path):
         assert s["records"] == 300 and s["write_mib_per_s"] > 0 and s["ratio"] > 0
     ok(cli("verify", d / "image", d / "label", d / "tokens"))
     fails(cli("demo", "--dir", d, "--records", "10", "--steps", "1"), "already exists")
+    # with --dir, the next commands point at the kept stores
+    text = ok(cli("demo", "--dir", tmp_path / "kept", "--records", "64", "--steps", "2",
+                  "--batch-size", "8")).stdout
+    assert f"loaderx info {tmp_path / 'kept'}/label" in text and "loaderx demo --dir" not in text
 
 
 # ---------------------------------------------------------------------------

@@ -285,10 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Builds three stores from deterministic generated data (no downloads): 'image', "
             "Dense uint8 (3, 64, 64) with zstd; 'label', Dense int64, raw; 'tokens', Ragged "
-            "int32 with zstd_dict and a dictionary from train_dict. Then streams them together "
-            "through a DataLoader whose transform normalises images to float32, timing a fixed "
-            "number of steps and checking every batch against the source records. Prints what "
-            "it built and what it measured."
+            "int32 with zstd_dict and a dictionary from train_dict, and explains their sizes. "
+            "Then streams them together through a DataLoader whose transform normalises images "
+            "to float32: up to 50 warm-up batches, then three timed rounds of --steps batches "
+            "(median and range reported), then the first --steps batches replayed and checked "
+            "against the source records. Ends with the next commands to try."
         ),
         epilog="example:\n  loaderx demo\n  loaderx demo --dir /tmp/demo --records 20000 --steps 1000",
         formatter_class=fmt,
@@ -310,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         type=_positive,
         default=500,
-        help="loader batches to time and check (default: %(default)s)",
+        help="loader batches per timed round, and batches checked (default: %(default)s)",
     )
     p.add_argument(
         "--batch-size",
