@@ -249,11 +249,11 @@ def demo(
             "verify_seconds": check_s,
         }
         say()
-        say(f"loaded the three stores together with a DataLoader: batch_size {batch_size}, cyclic")
         say(
-            f"sampling (each record once per epoch, reshuffled), {workers} transform workers "
-            "normalising images to float32"
+            f"loaded the three stores together with a DataLoader: batch_size {batch_size}, cyclic "
+            "sampling (each"
         )
+        say(f"record once per epoch, reshuffled), {workers} transform workers normalising images to float32")
         say(
             f"  warm-up  {warmup} batches, not timed: worker threads start, buffers are allocated, "
             "pages mapped in"
@@ -307,6 +307,7 @@ def _explain_stores(stores: dict[str, dict[str, Any]], dict_bytes: int, train_s:
     image, label, tokens = stores["image"], stores["label"], stores["tokens"]
     # Per label, beside the fixed 4 KiB header page and sums.zr's 16-byte header.
     per_label = (label["disk_bytes"] - 4096 - 16) / max(1, label["records"])
+    best = "The best ratio here" if tokens["ratio"] >= max(d["ratio"] for d in stores.values()) else "Ratio"
     return [
         "  logical: the records' own bytes. on disk: every file of the store (payload, record table,",
         "  checksums, dictionary). ratio: logical / on disk, above 1 when compression pays. write: source",
@@ -316,9 +317,9 @@ def _explain_stores(stores: dict[str, dict[str, Any]], dict_bytes: int, train_s:
         "          record table and an 8-byte checksum. On records this small that overhead is most",
         "          of the store (ratio below 1) and no codec wins it back: `loaderx convert` keeps",
         "          such columns raw (--codec auto).",
-        f"  tokens  zstd_dict: each record compressed against a {_fmt_bytes(dict_bytes)} dictionary",
-        f"          trained on the data in {train_s:.2f} s.",
-        f"          The best ratio here ({tokens['ratio']:.2f}x), but it writes at zstd level 19, hence "
-        f"{tokens['write_mib_per_s']:.1f} MiB/s;",
-        "          reading does not pay for the level. Use zstd where write time matters.",
+        f"  tokens  zstd_dict: each record compressed against a {_fmt_bytes(dict_bytes)} dictionary "
+        "trained on the",
+        f"          data ({train_s:.2f} s). {best} ({tokens['ratio']:.2f}x), but it writes at zstd level 19,",
+        f"          hence {tokens['write_mib_per_s']:.1f} MiB/s; reading does not pay for the level. "
+        "Use zstd where write time matters.",
     ]
