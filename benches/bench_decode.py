@@ -13,8 +13,10 @@ cyclic) with ``transform=loaderx.tools.decode_images("image")`` decodes every
 record with Pillow into a uint8 (224, 224, 3) array; the consumer only takes
 batches. Each configuration runs ``--batches`` timed batches after
 ``--warmup``, in ``--rounds`` rotated rounds in one process; the table gives
-medians. A baseline row decodes the same records in one plain Python loop
-(no loader), the rate one core reaches.
+medians, the range over rounds and the process's CPU time per image (all
+threads; on a shared machine it moves less than the wall-clock rate). A
+baseline row decodes the same records in one plain Python loop (no loader),
+the rate one core reaches.
 
 Pillow releases the GIL while it decodes, so transform worker threads decode
 in parallel, up to the cores the machine gives.
@@ -60,25 +62,28 @@ def jpegs(n: int, size: int, seed: int) -> list[bytes]:
     return out
 
 
-def loader_rate(store: Ragged, workers: int, batches: int, warmup: int) -> float:
+def loader_rate(store: Ragged, workers: int, batches: int, warmup: int) -> tuple[float, float]:
+    """(decoded images/s, process CPU ms per image) of the loader."""
     transform = tools.decode_images("image")
     with DataLoader({"image": store}, batch_size=BATCH, mode=2, seed=1, transform=transform,
                     transform_workers=workers) as dl:
         for _ in range(warmup):
             next(dl)
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         for _ in range(batches):
             batch = next(dl)
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert batch["image"][0].dtype == np.uint8 and batch["image"][0].ndim == 3
-    return batches * BATCH / elapsed
+    n = batches * BATCH
+    return n / elapsed, cpu / n * 1e3
 
 
-def loop_rate(records: list[np.ndarray], n: int) -> float:
-    t0 = time.perf_counter()
+def loop_rate(records: list[np.ndarray], n: int) -> tuple[float, float]:
+    c0, t0 = time.process_time(), time.perf_counter()
     for i in range(n):
         tools.decode_image(records[i % len(records)])
-    return n / (time.perf_counter() - t0)
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return n / elapsed, cpu / n * 1e3
 
 
 def main() -> None:
@@ -104,7 +109,7 @@ def main() -> None:
         info = tools.info(path)
         with Ragged.open(path) as store:
             records = store[:]
-            rates: dict[str, list[float]] = {f"{w}": [] for w in workers}
+            rates: dict[str, list[tuple[float, float]]] = {f"{w}": [] for w in workers}
             rates["loop"] = []
             names = list(rates)
             for r in range(args.rounds):
@@ -121,14 +126,19 @@ def main() -> None:
           f"Ragged uint8, codec {info['codec']} (auto); batch {BATCH}, {args.batches} timed batches "
           f"after {args.warmup} warm-up, median of {args.rounds} rotated rounds")
     print()
-    base = statistics.median(rates["loop"])
-    print("| decoding | decoded images/s | vs one plain loop |")
-    print("|---|---:|---:|")
-    print(f"| plain Python loop, no loader | {base:,.0f} | 1.00x |")
-    for w in workers:
-        m = statistics.median(rates[f"{w}"])
-        print(f"| DataLoader, transform_workers={w} | {m:,.0f} | {m / base:.2f}x |")
+    def row(label: str, name: str, base: float) -> str:
+        speeds = [r for r, _ in rates[name]]
+        m = statistics.median(speeds)
+        cpu = statistics.median(c for _, c in rates[name])
+        return (f"| {label} | {m:,.0f} | {min(speeds):,.0f}-{max(speeds):,.0f} | {m / base:.2f}x | "
+                f"{cpu:.2f} |")
 
+    base = statistics.median(r for r, _ in rates["loop"])
+    print("| decoding | decoded images/s (median) | rounds | vs plain loop | CPU ms / image |")
+    print("|---|---:|---:|---:|---:|")
+    print(row("plain Python loop, no loader", "loop", base))
+    for w in workers:
+        print(row(f"DataLoader, transform_workers={w}", f"{w}", base))
 
 if __name__ == "__main__":
     main()
