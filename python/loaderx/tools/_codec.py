@@ -220,7 +220,11 @@ def choose(
 
     fixed = _PAGE + _ENTRY * total  # the same for every codec
     scale = total / s
-    sizes: dict[str, float] = {"raw": fixed + raw * scale + _SUMS_HEADER, "zstd": fixed + zstd * scale}
+    # sums.zr's header is in the scratch raw store once, and once in the real one.
+    sizes: dict[str, float] = {
+        "raw": fixed + (raw - _SUMS_HEADER) * scale + _SUMS_HEADER,
+        "zstd": fixed + zstd * scale,
+    }
     if dict_gain is not None:
         sizes["zstd_dict"] = fixed + zstd * scale / dict_gain + dict_size
     estimates: dict[str, float | None] = {c: sizes["raw"] / v for c, v in sizes.items()}
