@@ -374,8 +374,8 @@ def test_auto_rewrites_raw_a_store_that_came_out_bigger(tmp_path, monkeypatch):
     real = _codec.choose
 
     def fooled(*args, **kw):
-        c = real(*args, **kw)
-        return {**c, "chosen": "zstd", "reason": "forced by the test"}
+        c, _ = real(*args, **kw)
+        return _codec.Choice({**c, "chosen": "zstd", "reason": "forced by the test"}, None)
 
     monkeypatch.setattr(_codec, "choose", fooled)
     tools.convert(noise, tmp_path / "n", shard_records=200)

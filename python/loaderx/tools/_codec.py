@@ -2,7 +2,7 @@
 
 A sample of the column's records, spread evenly over it, is written to
 scratch stores with each real codec (zstd at level 3, zstd_dict at level 19
-against a dictionary trained on the other half of the sample), so every
+against a dictionary, see :func:`choose`), so every
 per-record cost of the format is counted: a raw record's 8-byte checksum in
 ``sums.zr``, a zstd frame's header and 4-byte checksum, the dictionary file.
 The record table (16 bytes a record) and ``meta.zr``'s page are the same for
@@ -14,7 +14,8 @@ estimated per codec, and:
   tiny records (a label, a few pixels) land here, since a frame's own bytes
   outweigh what zstd saves on them;
 * zstd_dict is taken over zstd only when its store, dictionary included, is
-  at least ``_MIN_GAIN`` smaller than zstd's;
+  at least ``_MIN_GAIN`` smaller than zstd's (how it is measured: see
+  :func:`choose`);
 * after the write, :func:`ensure_not_bigger_than_raw` rewrites a compressed
   store raw if it came out bigger than the raw store would be, so an unlucky
   sample can never make a store bigger than raw.
@@ -27,7 +28,7 @@ import pathlib
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 import numpy as np
 
@@ -166,55 +167,81 @@ def _logical(records: Sequence[np.ndarray], ragged: bool) -> int:
     return sum(r.nbytes + (8 + 8 * r.ndim if ragged else 0) for r in records)
 
 
+class Choice(NamedTuple):
+    """What :func:`choose` decided, and, when it chose zstd_dict with the
+    store's own dictionary (trained by ``train``), that dictionary to reuse."""
+
+    codec: CodecChoice
+    dict_bytes: bytes | None
+
+
 def choose(
     records: Sequence[np.ndarray],
     total: int,
     dtype: np.dtype,
     item_shape: tuple[int, ...] | None,
     tier: str,
-    what: str,
-) -> CodecChoice:
+    train: Callable[[], bytes] | None = None,
+) -> Choice:
     """Chooses the codec of a store of ``total`` records from ``records``, an
-    evenly spread sample of them (``item_shape`` None: a Ragged store)."""
+    evenly spread sample of them (``item_shape`` None: a Ragged store).
+
+    ``train`` trains the dictionary the store would get with zstd_dict (on
+    the conversion's own training sample). When that sample is the whole
+    column (the column fits the tier's budget), zstd_dict is measured with
+    that very dictionary: the store will compress records it was trained on,
+    as the sample is. A larger column is mostly records the dictionary never
+    saw, so then a dictionary trained on half of the sample is measured on the
+    other half (a dictionary compressing its own training records would
+    flatter itself), and counted at the tier's full size."""
     s = len(records)
     if s == 0 or total == 0:
-        return {
-            "requested": "auto",
-            "chosen": "raw",
-            "ratio": 1.0,
-            "estimates": {"raw": 1.0, "zstd": None, "zstd_dict": None},
-            "sample_records": 0,
-            "sample_bytes": 0,
-            "reason": "no records to measure",
-        }
+        return Choice(
+            {
+                "requested": "auto",
+                "chosen": "raw",
+                "ratio": 1.0,
+                "estimates": {"raw": 1.0, "zstd": None, "zstd_dict": None},
+                "sample_records": 0,
+                "sample_bytes": 0,
+                "reason": "no records to measure",
+            },
+            None,
+        )
     ragged = item_shape is None
     logical = _logical(records, ragged)
+    column_bytes = total * logical / s
+    budget = DICT_TIERS[tier]["samples"]
+    whole = train is not None and column_bytes <= budget and total <= DICT_SAMPLE_RECORDS
+    dict_size = DICT_TIERS[tier]["size"]
+    real_dict: bytes | None = None
+    dict_frames: float | None = None  # zstd_dict bytes a record, for the whole store
+    dict_note = ""
     tmp = tempfile.mkdtemp(prefix="loaderx-codec-", dir=os.environ.get("LOADERX_STAGING_DIR") or None)
     try:
         root = pathlib.Path(tmp)
         raw = _write(root / "raw", records, dtype, item_shape, "raw")
         zstd = _write(root / "zstd", records, dtype, item_shape, "zstd")
-        # zstd_dict: trained on the even-numbered half of the sample, measured
-        # on the odd one against zstd on the same records (a dictionary trained
-        # on the records it compresses would flatter itself).
-        dict_size = DICT_TIERS[tier]["size"]
-        dict_gain: float | None = None
-        dict_note = ""
-        train, held = list(records[0::2]), list(records[1::2])
-        if total * logical / s < dict_size * _MIN_GAIN:
+        held = list(records[1::2])
+        if column_bytes < dict_size * _MIN_GAIN:
             dict_note = f"the column is smaller than a {dict_size // 1024} KiB dictionary"
-        elif len(held) < _MIN_DICT_RECORDS:
+        elif not whole and len(held) < _MIN_DICT_RECORDS:
             dict_note = "too few records to train a dictionary on"
         else:
             try:
-                blob = train_dict(train, tier)
+                blob = train() if whole and train is not None else train_dict(list(records[0::2]), tier)
             except (ZrecordError, ValueError):
                 dict_note = "zstd could not train a dictionary on the sample"
             else:
-                with_dict = _write(root / "dict", held, dtype, item_shape, "zstd_dict", blob)
-                with_dict -= (root / "dict" / "dict.zr").stat().st_size  # counted below, at full size
-                plain = _write(root / "held", held, dtype, item_shape, "zstd")
-                dict_gain = plain / max(1, with_dict)
+                measured = records if whole else held
+                with_dict = _write(root / "dict", measured, dtype, item_shape, "zstd_dict", blob)
+                with_dict -= (root / "dict" / "dict.zr").stat().st_size  # counted below, once
+                if whole:
+                    real_dict, dict_size = blob, len(blob)
+                    dict_frames = with_dict / s
+                else:
+                    plain = _write(root / "held", held, dtype, item_shape, "zstd")
+                    dict_frames = zstd / s * (with_dict / max(1, plain))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -225,8 +252,8 @@ def choose(
         "raw": fixed + (raw - _SUMS_HEADER) * scale + _SUMS_HEADER,
         "zstd": fixed + zstd * scale,
     }
-    if dict_gain is not None:
-        sizes["zstd_dict"] = fixed + zstd * scale / dict_gain + dict_size
+    if dict_frames is not None:
+        sizes["zstd_dict"] = fixed + dict_frames * total + dict_size
     estimates: dict[str, float | None] = {c: sizes["raw"] / v for c, v in sizes.items()}
     estimates.setdefault("zstd_dict", None)
 
@@ -252,11 +279,11 @@ def choose(
         reason = f"a dictionary pays: zstd_dict {gain:.2f}x against zstd {z:.2f}x"
     else:
         chosen = "zstd"
-        if dict_gain is None:
+        if dict_frames is None:
             reason = f"zstd {z:.2f}x; no dictionary tried: {dict_note}"
         else:
             reason = f"zstd {z:.2f}x; a dictionary does not pay (zstd_dict {estimates['zstd_dict']:.2f}x)"
-    return {
+    choice: CodecChoice = {
         "requested": "auto",
         "chosen": chosen,
         "ratio": sizes["raw"] / sizes[chosen],
@@ -265,6 +292,7 @@ def choose(
         "sample_bytes": logical,
         "reason": reason,
     }
+    return Choice(choice, real_dict if chosen == "zstd_dict" else None)
 
 
 def raw_store_bytes(store: Dense | Ragged, logical: int) -> int:

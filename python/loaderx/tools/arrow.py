@@ -612,18 +612,21 @@ def _prepass(
             plan.rows = row0
         plan.decide()
         total = source.num_rows if source.num_rows is not None else plan.rows
-        if sample is not None:
-            recs = _decoded_sample(plan, sample)
-            shape = plan.item_shape if plan.kind == "dense" else None
-            plan.choice = _codec.choose(recs, total, plan.dtype, shape, tier, plan.what)
-            plan.codec = plan.choice["chosen"]
-        else:
-            plan.choice = _codec.given(codec)
-        if plan.codec == "zstd_dict":
+
+        def train(plan: _ColumnPlan = plan, for_dict: _codec.SpreadSample | None = for_dict) -> bytes:
             assert for_dict is not None
             if not for_dict.records:
                 raise ConvertError(f"{plan.what} has no records to train a zstd dictionary on")
-            plan.dict_bytes = _train(_decoded_sample(plan, for_dict), tier, plan.what)
+            return _train(_decoded_sample(plan, for_dict), tier, plan.what)
+
+        plan.choice = _codec.given(codec)
+        if sample is not None:
+            recs = _decoded_sample(plan, sample)
+            shape = plan.item_shape if plan.kind == "dense" else None
+            plan.choice, plan.dict_bytes = _codec.choose(recs, total, plan.dtype, shape, tier, train)
+            plan.codec = plan.choice["chosen"]
+        if plan.codec == "zstd_dict" and plan.dict_bytes is None:
+            plan.dict_bytes = train()
 
 
 def _write_tabular(

@@ -102,9 +102,11 @@ def _write_blocks(
             kept = for_dict.records
             dict_source = np.stack(kept) if item_shape is not None and kept else kept
         if codec == "auto":
-            choice = _codec.choose(sample, total, dtype, item_shape, tier, what)
+            choice, blob = _codec.choose(
+                sample, total, dtype, item_shape, tier, lambda: _train(dict_source, tier, what)
+            )
             codec = choice["chosen"]
-        if codec == "zstd_dict":
+        if codec == "zstd_dict" and blob is None:
             blob = _train(dict_source, tier, what)
     try:
         if item_shape is not None:
@@ -407,9 +409,11 @@ def _convert_store(
     if codec == "auto":
         picked = src[_codec.spread_indices(n)] if n else []
         item_shape = src.item_shape if isinstance(src, Dense) else None
-        choice = _codec.choose(list(picked), n, src.dtype, item_shape, tier, what)
+        choice, blob = _codec.choose(
+            list(picked), n, src.dtype, item_shape, tier, lambda: _train(src, tier, what)
+        )
         codec = choice["chosen"]
-    if codec == "zstd_dict":
+    if codec == "zstd_dict" and blob is None:
         if n == 0:
             raise ConvertError(f"{what} has no records to train a zstd dictionary on")
         blob = _train(src, tier, what)
