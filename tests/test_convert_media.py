@@ -214,8 +214,11 @@ def test_decode_images_at_conversion(tmp_path):
         for g, b in zip(s[:], PNGS, strict=True):
             np.testing.assert_array_equal(g, pil_decode(b, "L"))
             assert g.shape[2] == 1
-    fails(cli("convert", tmp_path / "hf", tmp_path / "x", "--decode-images", "text"),
+    fails(cli("convert", tmp_path / "hf", tmp_path / "x", "--image-columns", "text"),
           "names column 'text', which holds text")
+    ok(cli("convert", tmp_path / "hf", tmp_path / "c", "--image-columns", "image", "--image-mode", "L",
+           "--columns", "image", "--quiet"))
+    assert tools.info(tmp_path / "c" / "image")["features"]["image_mode"] == "L"
     fails(cli("convert", tmp_path / "hf", tmp_path / "x", "--decode-images", "--columns", "label"),
           "no Hugging Face Image() column")
     pa = pytest.importorskip("pyarrow")

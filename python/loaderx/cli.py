@@ -209,7 +209,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         shard_records=args.shard_records,
         shard_bytes=args.shard_bytes,
-        decode_images=args.decode_images,
+        decode_images=args.image_columns or args.decode_images,
         image_mode=args.image_mode,
     )
     if not args.quiet:
@@ -389,7 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
             "lists) become Dense stores; variable-length (nested) lists become Ragged stores.\n"
             "Binary and string columns, Hugging Face Image()/Audio() columns and 1-D NumPy S/U\n"
             "arrays become Ragged uint8 stores of each row's bytes, untouched (UTF-8 for text);\n"
-            "--decode-images decodes image columns to uint8 (H, W, C) records instead.\n"
+            "--decode-images (or --image-columns a,b) decodes image columns to uint8 (H, W, C)\n"
+            "records instead.\n"
             "Structs, nulls and other types are errors unless --columns leaves them out.\n"
             "--codec auto (the default) measures raw, zstd and zstd_dict on a sample of each\n"
             "column and keeps raw unless compression shrinks the store by 10% or more.\n"
@@ -442,18 +443,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--decode-images",
+        action="store_true",
+        help="decode every Hugging Face Image() column with Pillow into uint8 (H, W, C) records",
+    )
+    p.add_argument(
+        "--image-columns",
         metavar="a,b",
-        nargs="?",
-        const=True,
-        default=False,
-        help="decode encoded images with Pillow into uint8 (H, W, C) records: every Hugging Face "
-        "Image() column, or the columns named",
+        help="decode these columns of encoded images (any binary column) instead; implies --decode-images",
     )
     p.add_argument(
         "--image-mode",
         metavar="MODE",
         default="RGB",
-        help="Pillow mode --decode-images converts to: RGB, L (C = 1), RGBA... (default: %(default)s)",
+        help="Pillow mode decoded images are converted to: RGB, L (C = 1), RGBA... (default: %(default)s)",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress line and no summary")
     p.set_defaults(func=_cmd_convert)
