@@ -95,9 +95,14 @@ def _write_blocks(
         else:
             spread = _codec.SpreadSample()
             for_dict = _codec.SpreadSample(_codec.DICT_SAMPLE_RECORDS, budget)
-            for block in blocks():
-                spread.push(block)
-                for_dict.push(block)
+            meter = make_progress(progress, total, f"sample {what}")
+            try:
+                for block in blocks():
+                    spread.push(block)
+                    for_dict.push(block)
+                    meter.update(len(block))
+            finally:
+                meter.close()
             sample = spread.records
             kept = for_dict.records
             dict_source = np.stack(kept) if item_shape is not None and kept else kept
