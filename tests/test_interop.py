@@ -635,3 +635,62 @@ def test_reference_reads_each_shard_of_our_sets(tmp_path, run_reference, fixture
             assert len(got.files) == len(want)
             for i, w in enumerate(want):
                 np.testing.assert_array_equal(got["r%05d" % i], w)
+
+
+# --------------------------------------------------------------------------
+# converted stores: the features.json sidecar does not stop the reference
+# --------------------------------------------------------------------------
+
+def test_reference_reads_converted_stores_with_their_sidecar(tmp_path, run_reference):
+    """`convert` output (encoded images, text, a ClassLabel, with --codec auto
+    and with zstd_dict) carries features.json beside the store files; loaderx
+    2.0.0 opens every store and reads exact values."""
+    datasets = pytest.importorskip("datasets")
+    image = pytest.importorskip("PIL.Image")
+    import io
+
+    from loaderx import tools
+
+    rng = np.random.default_rng(9)
+    pngs = []
+    for h, w in rng.integers(2, 12, size=(40, 2)):
+        buf = io.BytesIO()
+        image.fromarray(rng.integers(0, 256, size=(int(h), int(w), 3), dtype=np.uint8)).save(buf, "PNG")
+        pngs.append(buf.getvalue())
+    texts = [f"caption {i} " + "word " * (i % 7) for i in range(40)]
+    labels = rng.integers(0, 3, size=40)
+    ds = datasets.Dataset.from_dict(
+        {"image": [{"bytes": b, "path": None} for b in pngs], "text": texts, "label": labels.tolist()},
+        features=datasets.Features({"image": datasets.Image(), "text": datasets.Value("string"),
+                                    "label": datasets.ClassLabel(names=["a", "b", "c"])}))
+    ds.save_to_disk(str(tmp_path / "hf"))
+    expected = {"image": [np.frombuffer(b, np.uint8) for b in pngs],
+                "text": [np.frombuffer(t.encode(), np.uint8) for t in texts], "label": labels}
+    spec = []
+    for codec in ("auto", "zstd_dict"):
+        out = tools.convert(tmp_path / "hf", tmp_path / codec, codec=codec, tier="fast")
+        for name, path in out.items():
+            assert (path / "features.json").is_file()
+            spec.append({"name": f"{codec}-{name}", "kind": "dense" if name == "label" else "ragged",
+                         "path": str(path)})
+        assert tools.class_names(out["label"]) == ["a", "b", "c"]
+    ref_out = tmp_path / "ref_out"
+    ref_out.mkdir()
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    run_reference(write_script(tmp_path, "ref_read.py", REF_READ), tmp_path / "spec.json", ref_out,
+                  timeout=STEP_TIMEOUT)
+    results = json.loads((ref_out / "results.json").read_text())
+    for item in spec:
+        name = item["name"]
+        res = results[name]
+        assert res["ok"], res
+        column = name.split("-", 1)[1]
+        if name.startswith("zstd_dict"):
+            assert res["codec"] == "zstd_dict" and res["has_dict"]
+        if column == "label":
+            np.testing.assert_array_equal(np.load(ref_out / f"{name}.npy"), expected["label"])
+            continue
+        got = np.load(ref_out / f"{name}.npz")
+        assert len(got.files) == 40 and res["dtype"] == "|u1"
+        for i, want in enumerate(expected[column]):
+            np.testing.assert_array_equal(got["r%05d" % i], want)

@@ -480,6 +480,28 @@ def test_convert_and_upload_publish_to_object_storage(s3_server, s3_bucket, tmp_
         tools.upload(tmp_path / "set", f"s3://{s3_bucket}/uploaded", opts)
 
 
+def test_convert_to_object_storage_warns_that_sidecars_stay_behind(s3_server, s3_bucket, tmp_path):
+    """The features.json sidecars (class names) are not uploaded: convert
+    says so, the records arrive exact, and a remote store has no features."""
+    pa = pytest.importorskip("pyarrow")
+    meta = {b"huggingface": b'{"info": {"features": {"label": {"names": ["no", "yes"], "_type": "ClassLabel"}}}}'}
+    table = pa.table({"label": pa.array([0, 1, 1, 0]), "text": pa.array(["a", "bb", "c", "dd"])}).replace_schema_metadata(meta)
+    opts = options(s3_server)
+    url = f"s3://{s3_bucket}/labelled"
+    with pytest.warns(UserWarning, match=r"features.json .* of label is not uploaded to object storage"):
+        out = tools.convert(table, url, storage_options=opts)
+    assert out == {"label": f"{url}/label", "text": f"{url}/text"}
+    assert not any(k.endswith("features.json") for k in s3_server.list_objects(s3_bucket, "labelled/"))
+    with Dense.open(out["label"], storage_options=opts) as ds:
+        assert ds[:].tolist() == [0, 1, 1, 0] and ds.features is None
+    with Ragged.open(out["text"], storage_options=opts) as rs:
+        assert [r.tobytes() for r in rs[:]] == [b"a", b"bb", b"c", b"dd"]
+    assert tools.class_names(out["label"]) is None
+    # the same table converted locally keeps them
+    tools.convert(table, tmp_path / "local")
+    assert tools.class_names(tmp_path / "local" / "label") == ["no", "yes"]
+
+
 def test_local_only_arguments_are_refused_for_urls(s3_server):
     with pytest.raises(ValueError, match="data_access='map' applies to local stores"):
         Dense.open("s3://bucket/x", data_access="map", storage_options=options(s3_server))

@@ -48,6 +48,61 @@ def _format_text(d: dict[str, Any]) -> str:
     return text + "; read-only here, `loaderx convert` rewrites it as 2.0.0)"
 
 
+#: What a record holds, by the sidecar's ``content``, in words.
+_CONTENT_TEXT = {
+    "values": "values",
+    "bytes": "bytes, untouched (uint8)",
+    "text": "text, its UTF-8 bytes (uint8)",
+    "encoded image": "an encoded image file's bytes (uint8); decode with loaderx.tools.decode_images",
+    "encoded audio": "an encoded audio file's bytes (uint8)",
+    "encoded video": "an encoded video file's bytes (uint8)",
+    "encoded document": "an encoded document file's bytes (uint8)",
+}
+
+
+def _codec_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
+    """The codec, and how ``convert --codec auto`` chose it (from the sidecar)."""
+    choice = (d.get("features") or {}).get("codec")
+    if not isinstance(choice, dict) or choice.get("requested") != "auto":
+        return [("codec", str(d["codec"]))]
+    estimates = choice.get("estimates") or {}
+    measured = ", ".join(f"{c} {r:.2f}x" for c, r in estimates.items() if isinstance(r, (int, float)))
+    return [
+        ("codec", f"{d['codec']}, chosen by convert --codec auto: {choice.get('reason')}"),
+        (
+            "measured",
+            f"on {choice.get('sample_records', 0):,} sampled records, the store's estimated size "
+            f"as a ratio to raw: {measured}",
+        ),
+    ]
+
+
+def _feature_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
+    f = d.get("features")
+    if not f:
+        return []
+    if "error" in f:
+        return [("features", f"unreadable: {f['error']}")]
+    rows = []
+    if f.get("column") is not None or f.get("source_type") is not None:
+        source = f"{f.get('column') or '-'}" + (f" ({f['source_type']})" if f.get("source_type") else "")
+        rows.append(("source", source))
+    feature = f.get("feature")
+    names = f.get("names")
+    if isinstance(names, list):
+        shown = ", ".join(f"{i}={n}" for i, n in enumerate(names[:10]))
+        more = f", ... ({len(names) - 10} more)" if len(names) > 10 else ""
+        rows.append(("classes", f"{len(names):,} names: {shown}{more}"))
+    elif isinstance(feature, dict):
+        rows.append(("feature", str(feature.get("_type", feature))))
+    content = f.get("content")
+    if content == "decoded image":
+        rows.append(("content", f"an image decoded to uint8 (H, W, C), mode {f.get('image_mode')}"))
+    elif content is not None:
+        rows.append(("content", _CONTENT_TEXT.get(content, str(content))))
+    return rows
+
+
 def _print_info(d: dict[str, Any]) -> None:
     shape = str(tuple(d["item_shape"])) if d["item_shape"] is not None else "- (each record has its own)"
     ratio = f"{d['ratio']:.2f}x" if d["ratio"] is not None else "-"
@@ -57,7 +112,7 @@ def _print_info(d: dict[str, Any]) -> None:
         ("kind", d["kind"]),
         ("dtype", d["dtype"]),
         ("item_shape", shape),
-        ("codec", d["codec"]),
+        *_codec_rows(d),
         ("layout", f"store set of {d['shards']:,} shards" if d["shards"] else "one store"),
         ("format", _format_text(d)),
         ("records", f"{d['records']:,}"),
@@ -65,6 +120,7 @@ def _print_info(d: dict[str, Any]) -> None:
         ("on disk", f"{_fmt_bytes(d['disk_bytes'])} ({d['disk_bytes']:,} bytes)"),
         ("ratio", ratio),
         ("dictionary", dict_text),
+        *_feature_rows(d),
     ):
         print(f"  {label:<11} {value}")
 
@@ -153,16 +209,25 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         shard_records=args.shard_records,
         shard_bytes=args.shard_bytes,
+        decode_images=args.image_columns or args.decode_images,
+        image_mode=args.image_mode,
     )
     if not args.quiet:
         for name, path in out.items():
             d = tools.info(path)
             shape = f" {tuple(d['item_shape'])}" if d["item_shape"] is not None else ""
             ratio = f"{d['ratio']:.2f}x" if d["ratio"] is not None else "-"
+            f = d.get("features") or {}
+            auto = " (auto)" if (f.get("codec") or {}).get("requested") == "auto" else ""
+            extra = ""
+            if f.get("content") not in (None, "values"):
+                extra += f", {f['content']}"
+            if isinstance(f.get("names"), list):
+                extra += f", {len(f['names']):,} class names"
             print(
-                f"{name} -> {path}: {d['kind']} {d['dtype']}{shape}, {d['codec']}, "
+                f"{name} -> {path}: {d['kind']} {d['dtype']}{shape}, {d['codec']}{auto}, "
                 f"{d['records']:,} records, {_fmt_bytes(d['logical_bytes'])} -> "
-                f"{_fmt_bytes(d['disk_bytes'])} on disk ({ratio})"
+                f"{_fmt_bytes(d['disk_bytes'])} on disk ({ratio}){extra}"
             )
     return 0
 
@@ -201,7 +266,8 @@ def _positive(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from loaderx import __version__
-    from loaderx.zrecord import CODECS, DICT_TIERS
+    from loaderx.tools.convert import CONVERT_CODECS
+    from loaderx.zrecord import DICT_TIERS
 
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
@@ -219,10 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Builds three stores from deterministic generated data (no downloads): 'image', "
             "Dense uint8 (3, 64, 64) with zstd; 'label', Dense int64, raw; 'tokens', Ragged "
-            "int32 with zstd_dict and a dictionary from train_dict. Then streams them together "
-            "through a DataLoader whose transform normalises images to float32, timing a fixed "
-            "number of steps and checking every batch against the source records. Prints what "
-            "it built and what it measured."
+            "int32 with zstd_dict and a dictionary from train_dict, and explains their sizes. "
+            "Then streams them together through a DataLoader whose transform normalises images "
+            "to float32: up to 50 warm-up batches, then three timed rounds of --steps batches "
+            "(median and range reported), then the first --steps batches replayed and checked "
+            "against the source records. Ends with the next commands to try."
         ),
         epilog="example:\n  loaderx demo\n  loaderx demo --dir /tmp/demo --records 20000 --steps 1000",
         formatter_class=fmt,
@@ -244,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         type=_positive,
         default=500,
-        help="loader batches to time and check (default: %(default)s)",
+        help="loader batches per timed round, and batches checked (default: %(default)s)",
     )
     p.add_argument(
         "--batch-size",
@@ -264,7 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
             "Describes each store: kind (Dense or Ragged), dtype, item_shape, codec, on-disk "
             "format (which loaderx releases write its layout), record count, logical size (the "
             "records' uncompressed bytes), size on disk (every store file of every shard), "
-            "compression ratio and dictionary size."
+            "compression ratio and dictionary size. For a store built by 'loaderx convert', also "
+            "what its features.json says: the source column and type, class names, what a record "
+            "holds, and how --codec auto chose the codec (with the ratios it measured)."
         ),
         epilog="example:\n  loaderx info train/image train/label\n  loaderx info --json train/*",
         formatter_class=fmt,
@@ -318,16 +387,31 @@ def build_parser() -> argparse.ArgumentParser:
             "  a store       a copy re-encoded with --codec\n"
             "Numeric columns whose rows all have one shape (scalars, fixed-size or equal-length\n"
             "lists) become Dense stores; variable-length (nested) lists become Ragged stores.\n"
-            "Strings, binaries and other types are errors unless --columns leaves them out.\n"
-            "Parquet, Arrow and datasets need: pip install 'loaderx[convert]'"
+            "Binary and string columns, Hugging Face Image()/Audio() columns and 1-D NumPy S/U\n"
+            "arrays become Ragged uint8 stores of each row's bytes, untouched (UTF-8 for text);\n"
+            "--decode-images (or --image-columns a,b) decodes image columns to uint8 (H, W, C)\n"
+            "records instead.\n"
+            "Structs, nulls and other types are errors unless --columns leaves them out.\n"
+            "--codec auto (the default) measures raw, zstd and zstd_dict on a sample of each\n"
+            "column and keeps raw unless compression shrinks the store by 10% or more.\n"
+            "Each store gets a features.json (source type, class names, codec choice) that\n"
+            "'loaderx info' shows; loaderx 2.0.0 ignores it.\n"
+            "Parquet, Arrow and datasets need: pip install 'loaderx[convert]';\n"
+            "--decode-images needs: pip install 'loaderx[images]'"
         ),
         epilog="example:\n  loaderx convert images.npy train/image\n"
-        "  loaderx convert train.parquet train --codec zstd_dict --columns image,label",
+        "  loaderx convert train.parquet train --columns image,label\n"
+        "  loaderx convert hf_dataset/ train --decode-images --codec zstd",
         formatter_class=fmt,
     )
     p.add_argument("src", metavar="SRC", help="source file or directory")
     p.add_argument("dst", metavar="DST", help="new store directory (or parent of one store per column)")
-    p.add_argument("--codec", choices=CODECS, default="zstd", help="store codec (default: %(default)s)")
+    p.add_argument(
+        "--codec",
+        choices=CONVERT_CODECS,
+        default="auto",
+        help="store codec; auto measures which one pays, per store (default: %(default)s)",
+    )
     p.add_argument(
         "--tier",
         choices=list(DICT_TIERS),
@@ -356,6 +440,22 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive,
         default=None,
         help="write each store as a store set of shards of about N payload bytes",
+    )
+    p.add_argument(
+        "--decode-images",
+        action="store_true",
+        help="decode every Hugging Face Image() column with Pillow into uint8 (H, W, C) records",
+    )
+    p.add_argument(
+        "--image-columns",
+        metavar="a,b",
+        help="decode these columns of encoded images (any binary column) instead; implies --decode-images",
+    )
+    p.add_argument(
+        "--image-mode",
+        metavar="MODE",
+        default="RGB",
+        help="Pillow mode decoded images are converted to: RGB, L (C = 1), RGBA... (default: %(default)s)",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress line and no summary")
     p.set_defaults(func=_cmd_convert)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
-from loaderx import _native, _validate
+from loaderx import _native, _sidecar, _validate
 from loaderx._errors import SchemaError, ZrecordError
 
 if TYPE_CHECKING:
@@ -517,6 +517,20 @@ class _Store:
     def dtype(self) -> np.dtype:
         """The element dtype of every record."""
         return self._dtype
+
+    @property
+    def features(self) -> dict[str, Any] | None:
+        """What the records mean, from the ``features.json`` sidecar that
+        ``loaderx convert`` writes beside a store: ``column`` (the source
+        column or array), ``source_type`` (its Arrow or NumPy type),
+        ``feature`` (its Hugging Face feature as ``datasets`` serialises it),
+        ``names`` (a ``ClassLabel``'s class names, so record value ``i`` means
+        ``names[i]``), ``content`` (what a record holds: ``"values"``,
+        ``"bytes"``, ``"text"`` (UTF-8), ``"encoded image"``, ``"decoded
+        image"``...) and ``codec`` (how the codec was chosen). None for a
+        store without one, or in object storage (sidecars are not uploaded).
+        Read from disk at each access; see docs/format.md."""
+        return _sidecar.read(self._path)
 
     @property
     def codec(self) -> str:

@@ -4,16 +4,17 @@ the checks and helpers every source uses."""
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import os
 import pathlib
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypedDict
 
 import numpy as np
 
 from loaderx.utils import train_dict
-from loaderx.zrecord import DICT_TIERS, ZrecordError, _check_dtype
+from loaderx.zrecord import ZrecordError, _check_dtype
 
 PathLike = str | os.PathLike[str]
 
@@ -41,6 +42,23 @@ _LAYOUT: contextvars.ContextVar[_SetLayout] = contextvars.ContextVar("_LAYOUT")
 def _set_layout() -> _SetLayout:
     """The set layout of the conversion under way (none outside one)."""
     return _LAYOUT.get({})
+
+
+@dataclasses.dataclass(frozen=True)
+class _DecodeSpec:
+    """Which columns of encoded images a conversion decodes, and to what mode."""
+
+    names: frozenset[str] | None  # None: every Hugging Face Image() column
+    mode: str
+
+
+#: The image decoding of the conversion under way (None: none), a context
+#: variable like ``_LAYOUT``.
+_DECODE: contextvars.ContextVar[_DecodeSpec | None] = contextvars.ContextVar("_DECODE")
+
+
+def _decode_spec() -> _DecodeSpec | None:
+    return _DECODE.get(None)
 
 
 class NotAStoreError(ValueError):
@@ -82,6 +100,13 @@ def _parse_columns(columns: str | Sequence[str] | None) -> list[str] | None:
     if len(set(names)) != len(names):
         raise ValueError(f"columns lists a name twice: {names}")
     return names
+
+
+def _empty_record_error(what: str, row: int) -> UnsupportedColumnError:
+    return UnsupportedColumnError(
+        f"unsupported column type: {what} row {row} is empty (0 bytes); a Ragged store cannot "
+        "hold zero-byte records: drop or fill such rows first"
+    )
 
 
 def _store_dtype(dtype: Any, what: str) -> np.dtype:
@@ -135,26 +160,6 @@ class _Targets:
         for p in reversed(self.made):
             shutil.rmtree(p, ignore_errors=True)
         self.made.clear()
-
-
-def _dict_for_rows(
-    chunks: Iterable[np.ndarray], total_rows: int, row_bytes: int, tier: str, what: str
-) -> bytes:
-    """Trains a dictionary on an evenly spread sample of fixed-size rows,
-    read from ``chunks`` (consecutive row blocks) within the tier's budget."""
-    budget = DICT_TIERS[tier]["samples"]
-    stride = max(1, -(-(total_rows * max(1, row_bytes)) // budget))
-    parts = []
-    row0 = 0
-    for chunk in chunks:
-        first = (-row0) % stride
-        if first < len(chunk):
-            parts.append(np.ascontiguousarray(chunk[first::stride]))
-        row0 += len(chunk)
-    if not parts:
-        raise ConvertError(f"{what}: no records to train a zstd dictionary on")
-    sample = np.concatenate(parts)
-    return _train(sample, tier, what)
 
 
 def _train(sample: Any, tier: str, what: str) -> bytes:

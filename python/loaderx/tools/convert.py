@@ -9,21 +9,26 @@ import math
 import os
 import pathlib
 import tempfile
+import warnings
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from loaderx import _native, _validate
+from loaderx import _native, _sidecar, _validate
 from loaderx._progress import ProgressArg, make_progress
+from loaderx.tools import _codec
 from loaderx.tools._common import (
+    _DECODE,
     _LAYOUT,
     ConvertError,
     PathLike,
     UnsupportedColumnError,
     _check_name,
-    _dict_for_rows,
+    _decode_spec,
+    _DecodeSpec,
+    _empty_record_error,
     _parse_columns,
     _rows_per_chunk,
     _select,
@@ -46,48 +51,87 @@ from loaderx.tools.arrow import (
 from loaderx.tools.inspect import _chunks_of, open_store
 from loaderx.zrecord import CODECS, DICT_TIERS, Dense, Ragged, StorageOptions, _is_url
 
+#: The codecs ``convert`` takes: a store's, or ``"auto"`` (chosen per store by measuring).
+CONVERT_CODECS = ("auto", *CODECS)
+
 # ---------------------------------------------------------------------------
 # convert: NumPy sources (.npy, .npz, arrays) and stores
 # ---------------------------------------------------------------------------
 
+#: A block of records: rows of an ndarray (Dense) or a list of arrays (Ragged).
+_Block = np.ndarray | list[np.ndarray]
 
-def _write_array_chunks(
+
+def _write_blocks(
     target: pathlib.Path,
     dtype: np.dtype,
-    item_shape: tuple[int, ...],
+    item_shape: tuple[int, ...] | None,
     total: int,
-    chunks: Callable[[], Iterator[np.ndarray]],
+    blocks: Callable[[], Iterator[_Block]],
     codec: str,
     tier: str,
     what: str,
     progress: ProgressArg,
-    dict_source: Any = None,
+    fields: dict[str, Any],
+    source: np.ndarray | None = None,
 ) -> None:
-    """Writes ``total`` fixed-shape records, produced in blocks by ``chunks()``,
-    to a new Dense store. For zstd_dict the dictionary trains first, on
-    ``dict_source`` (an array train_dict samples itself) or a pass over ``chunks()``."""
-    width = math.prod(item_shape) * dtype.itemsize
+    """Writes ``total`` records, produced in blocks by ``blocks()``, to a new
+    store at ``target``: Dense of ``item_shape`` (blocks are ndarrays of rows),
+    or Ragged when ``item_shape`` is None (blocks are lists of arrays). Codec
+    ``auto`` measures the codecs on an evenly spread sample first; zstd_dict
+    trains its dictionary first. Both sample ``source`` (all the records as one
+    array) when given, else a pass over ``blocks()``. Then the sidecar,
+    with ``fields``, is written."""
+    choice = _codec.given(codec)
     blob = None
-    if codec == "zstd_dict":
-        if total == 0:
+    if codec in ("auto", "zstd_dict"):
+        if total == 0 and codec == "zstd_dict":
             raise ConvertError(f"{what} has no records to train a zstd dictionary on")
-        if dict_source is not None:
-            blob = _train(dict_source, tier, what)
+        budget = DICT_TIERS[tier]["samples"]
+        dict_source: Any
+        if source is not None:
+            sample = list(source[_codec.spread_indices(total)]) if total else []
+            dict_source = source  # train_dict samples an array itself, within the tier's budget
         else:
-            blob = _dict_for_rows(chunks(), total, width, tier, what)
+            spread = _codec.SpreadSample()
+            for_dict = _codec.SpreadSample(_codec.DICT_SAMPLE_RECORDS, budget)
+            meter = make_progress(progress, total, f"sample {what}")
+            try:
+                for block in blocks():
+                    spread.push(block)
+                    for_dict.push(block)
+                    meter.update(len(block))
+            finally:
+                meter.close()
+            sample = spread.records
+            kept = for_dict.records
+            dict_source = np.stack(kept) if item_shape is not None and kept else kept
+        if codec == "auto":
+            choice, blob = _codec.choose(
+                sample, total, dtype, item_shape, tier, lambda: _train(dict_source, tier, what)
+            )
+            codec = choice["chosen"]
+        if codec == "zstd_dict" and blob is None:
+            blob = _train(dict_source, tier, what)
     try:
-        writer = Dense.create(target, dtype, item_shape, codec=codec, dict_bytes=blob, **_set_layout())
+        if item_shape is not None:
+            writer: Dense | Ragged = Dense.create(
+                target, dtype, item_shape, codec=codec, dict_bytes=blob, **_set_layout()
+            )
+        else:
+            writer = Ragged.create(target, dtype, codec=codec, dict_bytes=blob, **_set_layout())
     except ValueError as e:
         raise UnsupportedColumnError(f"unsupported column type: {what}: {e}") from None
     meter = make_progress(progress, total, f"convert {what}")
     try:
         with writer:
-            for block in chunks():
+            for block in blocks():
                 if len(block):
-                    writer.append(block)
+                    writer.append(block)  # type: ignore[arg-type]
                     meter.update(len(block))
     finally:
         meter.close()
+    _codec.finish(target, choice, fields, what)
 
 
 def _array_chunks(arr: np.ndarray, rows: int) -> Callable[[], Iterator[np.ndarray]]:
@@ -101,6 +145,71 @@ def _array_chunks(arr: np.ndarray, rows: int) -> Callable[[], Iterator[np.ndarra
     return gen
 
 
+def _is_text_dtype(dt: np.dtype, ndim: int) -> bool:
+    """Whether an array of ``dt`` holds one byte string or text per row:
+    ``S``/``U`` (one string a row, or a single one) and object arrays."""
+    return dt.hasobject or (dt.kind in "SU" and ndim <= 1)
+
+
+def _text_records(block: np.ndarray, what: str, row0: int) -> list[np.ndarray]:
+    """The rows of a 1-D ``S``, ``U`` or object array as uint8 arrays of their
+    bytes (``S``: as NumPy gives them, without trailing NULs; ``U`` and
+    ``str`` objects: UTF-8; ``bytes`` objects: untouched)."""
+    out = []
+    for i, x in enumerate(block.tolist()):
+        if isinstance(x, str):
+            data = x.encode("utf-8")
+        elif isinstance(x, (bytes, bytearray, memoryview)):
+            data = bytes(x)
+        else:
+            raise UnsupportedColumnError(
+                f"unsupported column type: {what} row {row0 + i} is a {type(x).__name__}; an object "
+                "array converts when every row is bytes or str"
+            )
+        if not data:
+            raise _empty_record_error(what, row0 + i)
+        out.append(np.frombuffer(data, dtype=np.uint8))
+    return out
+
+
+def _text_fields(dt: np.dtype, content: str, column: str | None) -> dict[str, Any]:
+    return {"column": column, "source_type": dt.str, "feature": None, "names": None, "content": content}
+
+
+def _object_content(arr: np.ndarray) -> str:
+    kinds = {type(x) for x in arr.reshape(-1).tolist()}
+    return "text" if kinds and kinds <= {str} else "bytes"
+
+
+def _write_text(
+    dtype: np.dtype,
+    blocks: Callable[[int], Iterator[np.ndarray]],
+    total: int,
+    target: pathlib.Path,
+    codec: str,
+    tier: str,
+    chunk_records: int | None,
+    what: str,
+    progress: ProgressArg,
+    column: str | None,
+    content: str,
+) -> None:
+    rows = _rows_per_chunk(chunk_records, max(1, dtype.itemsize))
+
+    def gen() -> Iterator[list[np.ndarray]]:
+        row0 = 0
+        for block in blocks(rows):
+            yield _text_records(block.reshape(-1), what, row0)
+            row0 += block.size
+
+    fields = _text_fields(dtype, content, column)
+    _write_blocks(target, np.dtype(np.uint8), None, total, gen, codec, tier, what, progress, fields)
+
+
+def _numeric_fields(dt: np.dtype, column: str | None) -> dict[str, Any]:
+    return {"column": column, "source_type": dt.str, "feature": None, "names": None, "content": "values"}
+
+
 def _convert_ndarray(
     arr: np.ndarray,
     target: pathlib.Path,
@@ -110,13 +219,47 @@ def _convert_ndarray(
     what: str,
     progress: ProgressArg,
 ) -> None:
+    if _is_text_dtype(arr.dtype, arr.ndim):
+        if arr.ndim > 1:
+            raise UnsupportedColumnError(
+                f"unsupported column type: {what} is an object array of {arr.ndim} dimensions; "
+                "one of bytes or str objects a row (1-D) converts"
+            )
+        flat = arr.reshape(-1)
+        content = (
+            _object_content(flat) if arr.dtype.hasobject else ("text" if arr.dtype.kind == "U" else "bytes")
+        )
+        _write_text(
+            arr.dtype,
+            lambda rows: (flat[a : a + rows] for a in range(0, flat.shape[0], rows)),
+            flat.shape[0],
+            target,
+            codec,
+            tier,
+            chunk_records,
+            what,
+            progress,
+            None,
+            content,
+        )
+        return
     dtype = _store_dtype(arr.dtype, what)
     item_shape = tuple(arr.shape[1:])
     total = 1 if arr.ndim == 0 else arr.shape[0]
     rows = _rows_per_chunk(chunk_records, math.prod(item_shape) * dtype.itemsize)
-    dict_source = (arr.reshape(1) if arr.ndim == 0 else arr) if codec == "zstd_dict" else None
-    _write_array_chunks(
-        target, dtype, item_shape, total, _array_chunks(arr, rows), codec, tier, what, progress, dict_source
+    whole = arr.reshape(1) if arr.ndim == 0 else arr
+    _write_blocks(
+        target,
+        dtype,
+        item_shape,
+        total,
+        _array_chunks(arr, rows),
+        codec,
+        tier,
+        what,
+        progress,
+        _numeric_fields(arr.dtype, None),
+        whole,
     )
 
 
@@ -205,7 +348,8 @@ def _convert_npz(
                 raise UnsupportedColumnError(
                     f"unsupported column type: array {name!r} of {p} holds Python objects (dtype object)"
                 )
-            _store_dtype(m.dtype, f"array {name!r}")
+            if not _is_text_dtype(m.dtype, len(m.shape)):
+                _store_dtype(m.dtype, f"array {name!r}")
             if key is None:
                 _check_name(name, "array")
             arrays[name] = m
@@ -214,11 +358,29 @@ def _convert_npz(
         try:
             for name, m in arrays.items():
                 target = targets.prepare(targets.paths[None if key is not None else name])
-                item = m.shape[1:]
+                what = f"array {name!r}"
                 total = 1 if len(m.shape) == 0 else m.shape[0]
+                if _is_text_dtype(m.dtype, len(m.shape)):
+                    content = "text" if m.dtype.kind == "U" else "bytes"
+                    _write_text(
+                        m.dtype,
+                        m.chunks,
+                        total,
+                        target,
+                        codec,
+                        tier,
+                        chunk_records,
+                        what,
+                        progress,
+                        name,
+                        content,
+                    )
+                    out[name] = target
+                    continue
+                item = m.shape[1:]
                 rows = _rows_per_chunk(chunk_records, math.prod(item) * m.dtype.itemsize)
-                dtype = _store_dtype(m.dtype, f"array {name!r}")
-                _write_array_chunks(
+                dtype = _store_dtype(m.dtype, what)
+                _write_blocks(
                     target,
                     dtype,
                     tuple(item),
@@ -226,8 +388,9 @@ def _convert_npz(
                     functools.partial(m.chunks, rows),
                     codec,
                     tier,
-                    f"array {name!r}",
+                    what,
                     progress,
+                    _numeric_fields(m.dtype, name),
                 )
                 out[name] = target
         except BaseException:
@@ -247,7 +410,15 @@ def _convert_store(
 ) -> None:
     n = len(src)
     blob = None
-    if codec == "zstd_dict":
+    choice = _codec.given(codec)
+    if codec == "auto":
+        picked = src[_codec.spread_indices(n)] if n else []
+        item_shape = src.item_shape if isinstance(src, Dense) else None
+        choice, blob = _codec.choose(
+            list(picked), n, src.dtype, item_shape, tier, lambda: _train(src, tier, what)
+        )
+        codec = choice["chosen"]
+    if codec == "zstd_dict" and blob is None:
         if n == 0:
             raise ConvertError(f"{what} has no records to train a zstd dictionary on")
         blob = _train(src, tier, what)
@@ -271,6 +442,12 @@ def _convert_store(
                 meter.update(b - a)
     finally:
         meter.close()
+    # The source's own sidecar travels with its records (its class names
+    # still name them); a store without one is described as values.
+    fields = {k: v for k, v in (src.features or {}).items() if k != "codec"}
+    if not fields:
+        fields = {"column": None, "source_type": None, "feature": None, "names": None, "content": "values"}
+    _codec.finish(target, choice, fields, what)
 
 
 def _module_root(obj: Any) -> str:
@@ -280,7 +457,7 @@ def _module_root(obj: Any) -> str:
 def convert(
     src: Any,
     dst: PathLike,
-    codec: str = "zstd",
+    codec: str = "auto",
     tier: str = "balanced",
     key: str | None = None,
     columns: str | Sequence[str] | None = None,
@@ -290,15 +467,19 @@ def convert(
     shard_records: int | None = None,
     shard_bytes: int | None = None,
     storage_options: StorageOptions | None = None,
+    decode_images: bool | str | Sequence[str] = False,
+    image_mode: str = "RGB",
 ) -> dict[str, Any]:
     """Builds stores from ``src`` and returns ``{name: store path}``.
 
     ``src`` is a path or an object:
 
-    * ``.npy``: one Dense store at ``dst`` (memory-mapped, written in chunks,
-      so files larger than memory convert).
-    * ``.npz``: one Dense store per array at ``dst/<array name>``; ``key``
-      picks one array and writes it to ``dst`` itself.
+    * ``.npy``: one store at ``dst`` (memory-mapped, written in chunks, so
+      files larger than memory convert): Dense, except a 1-D ``S``/``U``
+      array (one string a row), which becomes a Ragged uint8 store of each
+      row's bytes (UTF-8 for ``U``).
+    * ``.npz``: one store per array at ``dst/<array name>``, as for ``.npy``;
+      ``key`` picks one array and writes it to ``dst`` itself.
     * ``.parquet``, ``.arrow``/``.feather``/``.ipc`` (Arrow IPC), a directory
       saved by ``datasets`` ``save_to_disk``, a ``datasets.Dataset``, or a
       ``pyarrow.Table``: one store per column at ``dst/<column>``, all with
@@ -306,47 +487,75 @@ def convert(
       ``DatasetDict`` gives ``dst/<split>/<column>`` (``key`` picks a split).
       Numeric scalar columns and lists whose rows all have one shape become
       Dense stores; variable-length (nested) lists become Ragged stores, each
-      record an array of its row's exact shape. Strings, binaries, structs,
-      nulls and other types raise :class:`UnsupportedColumnError` naming the
-      column, unless ``columns`` leaves them out.
-    * a NumPy array: one Dense store at ``dst``.
+      record an array of its row's exact shape. Binary and string columns,
+      and Hugging Face ``Image()``/``Audio()`` columns, become Ragged uint8
+      stores holding each row's bytes untouched (the encoded file; UTF-8 for
+      text). Structs, nulls, empty byte rows and other types raise
+      :class:`UnsupportedColumnError` naming the column, unless ``columns``
+      leaves them out.
+    * a NumPy array: one Dense store at ``dst`` (a 1-D ``S``/``U`` array, or
+      an object array of ``bytes``/``str``, a Ragged uint8 store of the bytes).
     * a store directory (or an opened store): a copy at ``dst`` re-encoded
-      with ``codec``.
+      with ``codec`` (its ``features.json`` is carried over).
 
-    ``codec`` is ``"raw"``, ``"zstd"`` or ``"zstd_dict"``; for ``zstd_dict``
-    each store trains its own dictionary (``tier``, see ``DICT_TIERS``) on an
-    evenly spread sample of its data first. ``columns`` (a list or a
-    comma-separated string) selects columns or arrays. ``chunk_records`` bounds
-    the records written per append (default: about 32 MiB of data).
-    ``progress``: True draws a progress line on stderr when it is a terminal;
-    a callable is called as ``progress(done, total)``. ``shard_records`` /
-    ``shard_bytes`` make every output a store set of shards of that many
-    records / payload bytes (see :meth:`loaderx.zrecord.Dense.create`); a
-    store set is accepted as ``src`` like a store. ``dst`` may be an
-    object-storage URL (``storage_options`` configures access): the stores are
-    built in a local staging folder (``$LOADERX_STAGING_DIR``, else the
-    temporary directory) and uploaded when all of them are complete; the
-    values returned are then URLs.
+    ``codec`` is ``"auto"`` (default), ``"raw"``, ``"zstd"`` or
+    ``"zstd_dict"``. ``auto`` measures each store's codecs on an evenly
+    spread sample of its records (see :mod:`loaderx.tools._codec`): raw
+    unless compression makes the store at least 10% smaller, zstd_dict only
+    where its dictionary beats zstd by 10%, and never a store bigger than raw
+    would be. For ``zstd_dict`` each store trains its own dictionary (``tier``,
+    see ``DICT_TIERS``) on an evenly spread sample of its data first.
+    ``columns`` (a list or a comma-separated string) selects columns or
+    arrays. ``chunk_records`` bounds the records written per append (default:
+    about 32 MiB of data). ``progress``: True draws a progress line on stderr
+    when it is a terminal; a callable is called as ``progress(done, total)``.
+    ``shard_records`` / ``shard_bytes`` make every output a store set of
+    shards of that many records / payload bytes (see
+    :meth:`loaderx.zrecord.Dense.create`); a store set is accepted as ``src``
+    like a store.
+
+    ``decode_images`` (Parquet, Arrow and ``datasets`` sources): True decodes
+    every Hugging Face ``Image()`` column, a list (or comma-separated string)
+    names the columns of encoded images to decode; each record is then the
+    image decoded by Pillow as a uint8 ``(H, W, C)`` array in ``image_mode``
+    (``"RGB"``, ``"L"``, ``"RGBA"``...). Needs ``pip install
+    'loaderx[images]'``. Without it images stay encoded; decode them in the
+    loader with :func:`loaderx.tools.decode_images`.
+
+    Every store gets a ``features.json`` sidecar (docs/format.md): the source
+    column's type, its Hugging Face feature with a ``ClassLabel``'s names,
+    what a record holds, and how the codec was chosen; read it with
+    ``store.features`` or :func:`loaderx.tools.class_names`, see it in
+    ``info``. loaderx 2.0.0 opens the stores as usual.
+
+    ``dst`` may be an object-storage URL (``storage_options`` configures
+    access): the stores are built in a local staging folder
+    (``$LOADERX_STAGING_DIR``, else the temporary directory) and uploaded
+    when all of them are complete; the values returned are then URLs. The
+    sidecars are not uploaded (a warning says so when they hold a Hugging
+    Face feature or class names).
 
     Record order and values are kept exactly. Parquet/Arrow/datasets need the
     optional extra: ``pip install 'loaderx[convert]'`` (else
     :class:`MissingExtraError`). On failure, the directories this call
     created are removed.
     """
-    if codec not in CODECS:
-        raise ValueError(f"unknown codec {codec!r}: expected one of {', '.join(CODECS)}")
+    if codec not in CONVERT_CODECS:
+        raise ValueError(f"unknown codec {codec!r}: expected one of {', '.join(CONVERT_CODECS)}")
     if tier not in DICT_TIERS:
         raise ValueError(f"unknown dictionary tier {tier!r}: expected one of {', '.join(DICT_TIERS)}")
     if chunk_records is not None:
         chunk_records = _validate.bounded("chunk_records", chunk_records, 1)
     cols = _parse_columns(columns)
     args = (codec, tier)
+    decode = _decode_arg(decode_images, image_mode)
     layout: _SetLayout = {}
     if shard_records is not None:
         layout["shard_records"] = shard_records
     if shard_bytes is not None:
         layout["shard_bytes"] = shard_bytes
     token = _LAYOUT.set(layout)
+    decode_token = _DECODE.set(decode)
     try:
         target = os.fspath(dst)
         if not _is_url(target):
@@ -357,6 +566,7 @@ def convert(
         with tempfile.TemporaryDirectory(prefix="loaderx-convert-", dir=staging_root) as tmp:
             local = pathlib.Path(tmp) / "out"
             built = _convert(src, local, args, key, cols, chunk_records, progress)
+            _warn_unpublished_sidecars(built)
             published: dict[str, Any] = {}
             for name, path in built.items():
                 rel = pathlib.Path(path).relative_to(local).as_posix()
@@ -365,7 +575,40 @@ def convert(
                 published[name] = url
             return published
     finally:
+        _DECODE.reset(decode_token)
         _LAYOUT.reset(token)
+
+
+def _decode_arg(decode_images: bool | str | Sequence[str], image_mode: str) -> _DecodeSpec | None:
+    if not isinstance(image_mode, str) or not image_mode:
+        raise TypeError(f"image_mode must be a Pillow mode name such as 'RGB', got {image_mode!r}")
+    if decode_images is False or decode_images is None:
+        return None
+    from loaderx.tools.images import _import_pil
+
+    _import_pil("convert with decode_images")  # before anything is written
+    if decode_images is True:
+        return _DecodeSpec(None, image_mode)
+    if not isinstance(decode_images, (str, list, tuple)):
+        raise TypeError(f"decode_images must be True or column names, got {type(decode_images).__name__}")
+    names = _parse_columns(decode_images)
+    assert names is not None
+    return _DecodeSpec(frozenset(names), image_mode)
+
+
+def _warn_unpublished_sidecars(built: dict[str, pathlib.Path]) -> None:
+    kept = []
+    for name, path in built.items():
+        fields = _sidecar.read(path) or {}
+        if fields.get("feature") is not None or fields.get("names"):
+            kept.append(name)
+    if kept:
+        warnings.warn(
+            f"features.json (Hugging Face feature, class names) of {', '.join(kept)} is not uploaded "
+            "to object storage: stores there carry no sidecar; convert to a local path to keep it",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def upload(src: PathLike, url: str, storage_options: StorageOptions | None = None) -> None:
@@ -373,6 +616,15 @@ def upload(src: PathLike, url: str, storage_options: StorageOptions | None = Non
     prefix ``url``, in commit order (each store's ``meta.zr`` last, a set's
     manifest after all its shards), after checking that ``src`` opens."""
     _native.upload(os.fspath(src), url, dict(storage_options) if storage_options else None)
+
+
+def _is_numpy_path(src: Any) -> bool:
+    if not isinstance(src, (str, os.PathLike)):
+        return False
+    p = pathlib.Path(src)
+    return (
+        p.suffix.lower() in (".npy", ".npz") or (p / "meta.zr").is_file() or (p / "manifest.json").is_file()
+    )
 
 
 def _convert(
@@ -384,6 +636,11 @@ def _convert(
     chunk_records: int | None,
     progress: ProgressArg,
 ) -> dict[str, pathlib.Path]:
+    if _decode_spec() is not None and (isinstance(src, (Dense, Ragged, np.ndarray)) or _is_numpy_path(src)):
+        raise ConvertError(
+            "decode_images applies to columns of Parquet, Arrow and Hugging Face sources; "
+            "decode NumPy or store records with loaderx.tools.decode_images in the loader"
+        )
     if isinstance(src, (Dense, Ragged)):
         if src.writable or src.closed:
             raise ValueError("convert reads an opened store; close the writer and open it first")

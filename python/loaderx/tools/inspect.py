@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from loaderx import _sidecar
 from loaderx._progress import ProgressArg, make_progress
 from loaderx.tools._common import _CHUNK_BYTES, _MAX_CHUNK_RECORDS, NotAStoreError, PathLike
 from loaderx.zrecord import Dense, Ragged, StorageOptions, ZrecordError, _is_url, _open_any
@@ -82,6 +83,13 @@ def _logical_bytes(store: Dense | Ragged) -> int:
     return total
 
 
+def _features(store: Dense | Ragged) -> dict[str, Any] | None:
+    try:
+        return store.features
+    except _sidecar.SidecarError as e:  # a damaged sidecar does not hide the store
+        return {"error": str(e)}
+
+
 def _describe(store: Dense | Ragged) -> dict[str, Any]:
     logical = _logical_bytes(store)
     disk = store._require_reader().disk_bytes
@@ -100,6 +108,7 @@ def _describe(store: Dense | Ragged) -> dict[str, Any]:
         "disk_bytes": disk,
         "ratio": (logical / disk) if disk else None,
         "dict_bytes": len(blob) if blob else 0,
+        "features": _features(store),
     }
 
 
@@ -112,10 +121,31 @@ def info(path: PathLike, storage_options: StorageOptions | None = None) -> dict[
     ``records``, ``logical_bytes`` (the records' uncompressed sizes as
     stored; a Ragged record counts its shape prefix too), ``disk_bytes``
     (every file of every shard: meta.zr, data.zr, dict.zr, sums.zr), ``ratio`` (logical / on
-    disk) and ``dict_bytes`` (dictionary size, 0 without one).
+    disk), ``dict_bytes`` (dictionary size, 0 without one) and ``features``
+    (the ``features.json`` sidecar ``convert`` writes, as ``store.features``
+    gives it: the source column, its type and Hugging Face feature, class
+    names, what a record holds, and the codec choice with its measured ratio;
+    None without one, ``{"error": ...}`` for a damaged one).
     """
     with open_store(path, storage_options) as store:
         return _describe(store)
+
+
+def class_names(path: PathLike | Dense | Ragged) -> list[str] | None:
+    """The class names of a store converted from a ``ClassLabel`` column
+    (record value ``i`` means ``names[i]``), from its ``features.json``;
+    None when the store has no sidecar or its column has no class names.
+    ``path`` is a local store path or an opened store."""
+    if isinstance(path, (Dense, Ragged)):
+        fields = path.features
+    else:
+        text = os.fspath(path)
+        p = pathlib.Path(text)
+        if not _is_url(text) and not p.is_dir():
+            raise FileNotFoundError(f"{p}: no such store directory")
+        fields = _sidecar.read(text)
+    names = (fields or {}).get("names")
+    return list(names) if isinstance(names, list) else None
 
 
 # ---------------------------------------------------------------------------
