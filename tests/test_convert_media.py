@@ -239,16 +239,18 @@ def test_loader_decodes_images_in_its_transform_workers(tmp_path):
     assert (again.names, again.mode) == (("image",), "RGB")
     streams = {"image": Ragged.open(stores["image"]), "label": Dense.open(stores["label"])}
     try:
-        with DataLoader(streams, batch_size=8, mode=0, transform=transform, transform_workers=2) as dl:
-            for step in range(2 * N // 8):  # two epochs, in order
-                batch = next(dl)
-                idx = [(step * 8 + k) % N for k in range(8)]
-                np.testing.assert_array_equal(batch["label"], LABELS[idx])
-                assert len(batch["image"]) == 8
-                for g, i in zip(batch["image"], idx, strict=True):
-                    assert g.dtype == np.uint8 and g.flags.writeable
-                    np.testing.assert_array_equal(g, pil_decode(PNGS[i]))
-                    np.testing.assert_array_equal(g, PIXELS[i])
+        for workers in ("thread", "process"):
+            with DataLoader(streams, batch_size=8, mode=0, transform=transform, transform_workers=2,
+                            workers=workers) as dl:
+                for step in range(2 * N // 8):  # two epochs, in order
+                    batch = next(dl)
+                    idx = [(step * 8 + k) % N for k in range(8)]
+                    np.testing.assert_array_equal(batch["label"], LABELS[idx])
+                    assert len(batch["image"]) == 8
+                    for g, i in zip(batch["image"], idx, strict=True):
+                        assert g.dtype == np.uint8 and g.flags.writeable
+                        np.testing.assert_array_equal(g, pil_decode(PNGS[i]))
+                        np.testing.assert_array_equal(g, PIXELS[i])
         # then= runs after decoding; a missing stream is named
         stack = tools.decode_images("image", then=lambda b: {**b, "n": len(b["image"])})
         with DataLoader(streams, batch_size=4, mode=0, transform=stack, transform_workers=1) as dl:

@@ -155,6 +155,7 @@ def equal(a, b) -> None:
             equal(x, y)
     elif isinstance(a, np.ndarray):
         assert a.dtype == b.dtype and a.shape == b.shape
+        assert a.flags.writeable and b.flags.writeable  # as every array a loader hands out
         np.testing.assert_array_equal(a, b)
     else:
         assert a == b
@@ -200,12 +201,20 @@ def mapped_memfds(pid: int | str = "self") -> int:
         return sum("/memfd:loaderx" in line for line in f)
 
 
-def named_shm() -> set[str]:
-    """Named shared memory that loaderx (or Python's shared_memory module,
-    "psm_") could have left; other processes' files are not ours to judge."""
-    if not os.path.isdir("/dev/shm"):
-        return set()
-    return {n for n in os.listdir("/dev/shm") if n.startswith(("psm_", "loaderx"))}
+def named_shm(pid: int | str = "self") -> set[str]:
+    """Named shared memory (files in /dev/shm) process ``pid`` has mapped or
+    open; loaderx uses anonymous files only, which no crash can leave behind."""
+    names = set()
+    with open(f"/proc/{pid}/maps") as f:
+        names |= {line.split()[-1] for line in f if "/dev/shm/" in line}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/dev/shm/"):
+            names.add(target)
+    return names
 
 
 def worker_pids(dl) -> list[int]:
@@ -448,6 +457,8 @@ def test_close_is_prompt_and_leaves_no_process_or_shared_memory(stores):
     dl = loader(stores, sleep_long, workers="process")
     pids = worker_pids(dl)
     time.sleep(0.5)  # both workers are inside a 60 s transform
+    assert [named_shm(p) for p in pids] == [set(), set()]
+    assert mapped_memfds(pids[0]) >= 1  # the arena
     t0 = time.monotonic()
     dl.close()
     assert time.monotonic() - t0 < 1.0
@@ -514,13 +525,12 @@ def _child(tmp_path, stores, transform: str, method: str):
 def test_workers_end_when_the_loader_process_is_sigkilled(tmp_path, stores, method):
     proc, pids = _child(tmp_path, stores, "sleep_long", method)
     assert len(pids) == 2 and all(alive(p) for p in pids)
-    shm0 = named_shm()
+    assert [named_shm(p) for p in (proc.pid, *pids)] == [set(), set(), set()]
     proc.kill()
     proc.wait(GUARD)
     # The workers see the loader's process gone within a fraction of a
     # second, even in the middle of a 60 s transform.
     assert wait_gone(pids, 5.0) == []
-    assert named_shm() == shm0
 
 
 def test_ctrl_c_while_waiting_stops_the_loader_and_its_workers(tmp_path, stores):

@@ -343,7 +343,9 @@ class _Channel:
         if file is not None:
             buffers = self.inbox.buffers(file[0], file[1], sizes, fd)
         else:
-            whole = memoryview(inline)
+            # A bytearray, not the bytes received: arrays the loader hands
+            # out are writable, whichever way they travelled.
+            whole = memoryview(bytearray(inline))
             buffers, at = [], 0
             for n in sizes:
                 buffers.append(whole[at : at + n])
