@@ -1200,16 +1200,26 @@ def _row_order(r: dict) -> tuple:
 
 
 def _table_rows(rep: dict, table: str, first_cols) -> list[str]:
+    """The table's rows, then (after a blank line) one numbered note per distinct
+    reason a row is missing or not available, which its cell refers to."""
     sums = rep["summaries"]
-    L = []
+    L, notes = [], {}
     for r in sorted((r for r in rep["rows"] if table in r["tables"]), key=_row_order):
         s = sums.get(r["key"], {"error": "not run"})
-        err = _cell_error(s)
         lead = "| " + " | ".join(first_cols(r)) + " "
-        if err:
-            L.append(lead + f"| {err} | | | | | | |")
+        kind = next((k for k in ("missing", "unavailable") if k in s), None)
+        if kind:  # the same reason repeats on many rows: say it once, under the table
+            why = _cell_error(s)
+            n = notes.setdefault(why, len(notes) + 1)
+            word = "missing" if kind == "missing" else "not available"
+            L.append(lead + f"| {word} ({n}) | | | | | | |")
+        elif "error" in s:
+            L.append(lead + f"| {_cell_error(s)} | | | | | | |")
         else:
             L.append(lead + _metric_cells(s, sums.get(_ref_key(r)) if r["loader"] != "reference" else None))
+    if notes:
+        L.append("")
+        L += [f"({n}) {why}" + ("  " if n < len(notes) else "") for why, n in notes.items()]
     return L
 
 
