@@ -606,7 +606,7 @@ def test_batches_alive_never_exceed_the_documented_bound(tmp_path, prefetch, wor
     if transform is None:
         assert bound == max(prefetch, 2) + 1
     else:
-        assert bound == max(prefetch + 2, workers + 3)
+        assert bound == max(prefetch + 1, workers + 3)
     assert fallback == 0
 
 
@@ -620,4 +620,4 @@ def test_the_documented_bound_is_reached(tmp_path, transform):
 
 def test_process_workers_keep_the_same_bound(tmp_path):
     bound, fallback = _count_alive(tmp_path, 0, passthrough, 4, 2, hold=0.02, workers="process")
-    assert (bound, fallback) == (6, 0)
+    assert (bound, fallback) == (5, 0)

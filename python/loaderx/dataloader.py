@@ -298,7 +298,7 @@ class DataLoader:
     gathered and waiting, in a transform worker, transformed and waiting for
     its turn, handed to you). A ``for`` loop over the loader sees at most
     ``max(prefetch_size, 2) + 1`` batches alive without a transform, and
-    ``max(prefetch_size + 2, transform_workers + 3)`` with one: the batch you
+    ``max(prefetch_size + 1, transform_workers + 3)`` with one: the batch you
     were handed last counts against ``prefetch_size`` until you ask for the
     next one (so ``prefetch_size=1`` still prepares one batch ahead), the
     loop's previous batch, still bound while it asks, is the ``+ 1``, and
@@ -574,12 +574,13 @@ class DataLoader:
     def _native_prefetch(self) -> int:
         # Transform workers hold batches too (being transformed, or done and
         # waiting for their turn), so with a transform they count toward
-        # prefetch_size: the native stage keeps the rest, at least 2, and the
-        # two stages together still hold prefetch_size + 1 or more batches
-        # ahead of the consumer.
+        # prefetch_size: the native stage keeps the rest, at least 2 (the
+        # batch a worker took last, and one being gathered for the next
+        # worker to ask), and the two stages together still hold
+        # prefetch_size or more batches ahead of the consumer.
         if self._transform is None:
             return self._prefetch_size
-        return max(2, self._prefetch_size - self._transform_workers + 1)
+        return max(2, self._prefetch_size - self._transform_workers)
 
     def __iter__(self) -> DataLoader:
         return self
