@@ -301,7 +301,7 @@ def test_large_results_travel_through_shared_files_that_are_reused(stores, tmp_p
                 del batch
             # Each direction of each worker's socket keeps a few files; a
             # file per batch would have made ~30.
-            assert mapped_memfds() <= 1 + 2 * 2 * 4
+            assert mapped_memfds() <= 1 + 2 * 2 * 3
             # Descriptors are closed once passed (Python's mmap keeps a
             # duplicate of its own until the mapping is closed).
             assert memfds() - fds0 <= mapped_memfds() - maps0

@@ -69,7 +69,7 @@ _ALIGN = 64
 # shared-memory file costs a few system calls and a page fault per page.
 _INLINE = 256 << 10
 # Free shared-memory files each direction of a worker's socket keeps for reuse.
-_KEEP = 2
+_KEEP = 1
 # How often an idle or busy worker checks that the loader's process lives.
 _WATCH = 0.2
 # Message tags (the first element of every message).
