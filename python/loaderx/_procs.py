@@ -38,7 +38,6 @@ import multiprocessing
 import os
 import pickle
 import signal
-import sys
 import tempfile
 import threading
 import traceback
@@ -679,7 +678,3 @@ def check_picklable(transform: Callable[[Any], Any], start_method: str) -> bytes
             f"({type(e).__name__}: {e}): define it at module level (not a lambda or a nested "
             "function) or make it a picklable object, or use start_method='fork'"
         ) from None
-
-
-if sys.platform == "win32":  # pragma: no cover
-    raise ImportError("loaderx process workers need a POSIX system")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 import threading
 import time
 import weakref
@@ -233,6 +234,8 @@ def _check_workers(workers: Any, start_method: Any) -> str | None:
         if start_method is not None:
             raise ValueError("start_method applies to workers='process' only")
         return None
+    if sys.platform == "win32":  # descriptors travel over Unix sockets (SCM_RIGHTS)
+        raise ValueError("workers='process' needs a POSIX system (Linux, macOS)")
     if start_method is None:
         return _procs.default_start_method()
     if start_method not in _procs.START_METHODS:
