@@ -153,6 +153,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         shard_records=args.shard_records,
         shard_bytes=args.shard_bytes,
+        level=args.level,
     )
     if not args.quiet:
         for name, path in out.items():
@@ -356,6 +357,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive,
         default=None,
         help="write each store as a store set of shards of about N payload bytes",
+    )
+    p.add_argument(
+        "--level",
+        metavar="N",
+        type=int,
+        default=None,
+        help="zstd compression level, negative ones included (default: 3 for zstd, 19 for zstd_dict)",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress line and no summary")
     p.set_defaults(func=_cmd_convert)

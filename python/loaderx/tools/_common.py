@@ -26,10 +26,12 @@ _MAX_CHUNK_RECORDS = 65536
 
 
 class _SetLayout(TypedDict, total=False):
-    """The store-set keywords of ``Dense.create`` / ``Ragged.create``."""
+    """The store-set keywords of ``Dense.create`` / ``Ragged.create``, and
+    the compression level."""
 
     shard_records: int
     shard_bytes: int
+    level: int
 
 
 #: Keyword arguments every store a conversion creates gets (the set layout):

@@ -44,7 +44,7 @@ from loaderx.tools.arrow import (
     _TableSource,
 )
 from loaderx.tools.inspect import _chunks_of, open_store
-from loaderx.zrecord import CODECS, DICT_TIERS, Dense, Ragged, StorageOptions, _is_url
+from loaderx.zrecord import CODECS, DICT_TIERS, Dense, Ragged, StorageOptions, _check_level, _is_url
 
 # ---------------------------------------------------------------------------
 # convert: NumPy sources (.npy, .npz, arrays) and stores
@@ -290,6 +290,7 @@ def convert(
     shard_records: int | None = None,
     shard_bytes: int | None = None,
     storage_options: StorageOptions | None = None,
+    level: int | None = None,
 ) -> dict[str, Any]:
     """Builds stores from ``src`` and returns ``{name: store path}``.
 
@@ -322,7 +323,10 @@ def convert(
     a callable is called as ``progress(done, total)``. ``shard_records`` /
     ``shard_bytes`` make every output a store set of shards of that many
     records / payload bytes (see :meth:`loaderx.zrecord.Dense.create`); a
-    store set is accepted as ``src`` like a store. ``dst`` may be an
+    store set is accepted as ``src`` like a store. ``level`` is the zstd
+    level of every store's frames (default: the codec's, 3 for ``zstd``
+    and 19 for ``zstd_dict``; see :meth:`loaderx.zrecord.Dense.create`).
+    ``dst`` may be an
     object-storage URL (``storage_options`` configures access): the stores are
     built in a local staging folder (``$LOADERX_STAGING_DIR``, else the
     temporary directory) and uploaded when all of them are complete; the
@@ -342,6 +346,9 @@ def convert(
     cols = _parse_columns(columns)
     args = (codec, tier)
     layout: _SetLayout = {}
+    zstd_level = _check_level(codec, level)
+    if zstd_level is not None:
+        layout["level"] = zstd_level
     if shard_records is not None:
         layout["shard_records"] = shard_records
     if shard_bytes is not None:

@@ -55,16 +55,28 @@ pub struct CreateOptions {
     /// `sums.zr` sidecar of one XXH3-64 per record, which loaderx 2.0.0
     /// ignores.
     pub checksums: bool,
+    /// zstd compression level of the frames: `None` for the codec's default
+    /// (loaderx 2.0.0's, see [`crate::default_level`]), else any level in
+    /// [`crate::level_range`] (negative levels included). Refused with
+    /// [`Codec::Raw`]. The level is not stored: it only shapes the frames,
+    /// which any reader decodes.
+    pub level: Option<i32>,
 }
 
 impl CreateOptions {
-    /// `codec` and `dict`, with checksums (the default).
+    /// `codec` and `dict`, with checksums and the codec's default level.
     pub fn new(codec: Codec, dict: Option<Vec<u8>>) -> CreateOptions {
         CreateOptions {
             codec,
             dict,
             checksums: true,
+            level: None,
         }
+    }
+
+    /// The same options with compression `level` (see [`CreateOptions::level`]).
+    pub fn with_level(self, level: Option<i32>) -> CreateOptions {
+        CreateOptions { level, ..self }
     }
 }
 
@@ -121,6 +133,8 @@ pub struct StoreWriter {
     data: File,
     dict: Option<EncoderDictionary<'static>>,
     has_dict: bool,
+    /// The frames' compression level (`None` for raw stores).
+    level: Option<i32>,
     /// zstd frames carry content checksums.
     frame_checksums: bool,
     /// The checksum sidecar of a raw store.
@@ -152,6 +166,7 @@ impl StoreWriter {
             codec,
             dict,
             checksums,
+            level,
         } = options;
         match (codec, &dict) {
             (Codec::ZstdDict, None) => {
@@ -172,8 +187,12 @@ impl StoreWriter {
             }
             _ => {}
         }
+        let level = codec::resolve_level(codec, level)?;
         let schema_bytes = schema.encode_checked()?;
-        let encoder_dict = dict.as_deref().map(codec::encoder_dictionary).transpose()?;
+        let encoder_dict = dict
+            .as_deref()
+            .map(|d| codec::encoder_dictionary(d, level.unwrap_or(codec::ZSTD_DICT_LEVEL)))
+            .transpose()?;
 
         if dir.exists() {
             let mut entries = std::fs::read_dir(&dir).map_err(|e| {
@@ -213,6 +232,7 @@ impl StoreWriter {
                         codec,
                         dict,
                         checksums,
+                        level,
                     },
                     encoder_dict,
                     &schema_bytes,
@@ -245,6 +265,7 @@ impl StoreWriter {
             codec,
             dict,
             checksums,
+            level,
         } = options;
         let mut create_new = |name: &str| {
             let path = dir.join(name);
@@ -310,6 +331,7 @@ impl StoreWriter {
             data,
             has_dict: encoder_dict.is_some(),
             dict: encoder_dict,
+            level,
             frame_checksums: checksums && codec.is_compressed(),
             sums,
             length: 0,
@@ -336,6 +358,11 @@ impl StoreWriter {
     /// Whether the store carries a dictionary.
     pub fn has_dict(&self) -> bool {
         self.has_dict
+    }
+
+    /// The zstd level the frames are written at (`None` for raw stores).
+    pub fn level(&self) -> Option<i32> {
+        self.level
     }
 
     /// Records appended so far.
@@ -498,6 +525,7 @@ impl StoreWriter {
         let frontier = AtomicU64::new(self.tail);
         let codec = self.codec;
         let frame_checksums = self.frame_checksums;
+        let level = self.level.unwrap_or(codec::ZSTD_LEVEL);
         let dict = self.dict.as_ref();
         let data = &self.data;
         // One encoder (and scratch) per pool thread for the whole append:
@@ -539,7 +567,9 @@ impl StoreWriter {
                         // Made lazily so a failure is reported as itself.
                         let encoder = match encoder {
                             Some(e) => e,
-                            None => encoder.insert(Encoder::new(codec, dict, frame_checksums)?),
+                            None => {
+                                encoder.insert(Encoder::new(codec, level, dict, frame_checksums)?)
+                            }
                         };
                         block.clear();
                         for (slot, i) in out.iter_mut().zip(range) {
