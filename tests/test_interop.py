@@ -694,3 +694,54 @@ def test_reference_reads_converted_stores_with_their_sidecar(tmp_path, run_refer
         assert len(got.files) == 40 and res["dtype"] == "|u1"
         for i, want in enumerate(expected[column]):
             np.testing.assert_array_equal(got["r%05d" % i], want)
+# compression levels: the level is not part of the format
+# --------------------------------------------------------------------------
+
+LEVEL_CASES = [("zstd", -5), ("zstd", 1), ("zstd", 9), ("zstd", 19), ("zstd", 0),
+               ("zstd_dict", 1), ("zstd_dict", 19), ("zstd_dict", -3)]
+
+
+def test_reference_reads_stores_written_at_any_level(tmp_path, run_reference, fixture_dict):
+    dense = _structured_u8(40, (3, 20, 20), 21)
+    rng = np.random.default_rng(22)
+    ragged = [rng.integers(0, 50, size=int(n)).astype(np.int32) for n in rng.integers(1, 300, 37)]
+    blob = fixture_dict.read_bytes()
+    spec, expected, sizes = [], {}, {}
+    for codec, level in LEVEL_CASES:
+        d = blob if codec == "zstd_dict" else None
+        for kind, data in (("dense", dense), ("ragged", ragged)):
+            name = f"{kind}_{codec}_{level}"
+            path = tmp_path / name
+            if kind == "dense":
+                w = Dense.create(path, np.uint8, (3, 20, 20), codec=codec, dict_bytes=d, level=level)
+            else:
+                w = Ragged.create(path, np.int32, codec=codec, dict_bytes=d, level=level)
+            with w:
+                w.append(data[:17])
+                w.append(data[17:])
+            spec.append({"name": name, "kind": kind, "path": str(path)})
+            expected[name] = data
+            sizes[name] = (path / "data.zr").stat().st_size
+    # The level took effect: stronger levels wrote fewer bytes.
+    assert sizes["dense_zstd_-5"] > sizes["dense_zstd_1"] > sizes["dense_zstd_19"]
+    assert sizes["dense_zstd_dict_1"] > sizes["dense_zstd_dict_19"]
+    out = tmp_path / "ref_out"
+    out.mkdir()
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    run_reference(write_script(tmp_path, "ref_read.py", REF_READ), tmp_path / "spec.json", out,
+                  timeout=STEP_TIMEOUT)
+    results = json.loads((out / "results.json").read_text())
+    for name, want in expected.items():
+        res = results[name]
+        assert res["ok"], res.get("tb", res)
+        assert res["len"] == len(want), name
+        assert res["has_dict"] == ("zstd_dict" in name), name
+        if name.startswith("dense"):
+            got = np.load(out / f"{name}.npy")
+            assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), name
+        else:
+            z = np.load(out / f"{name}.npz")
+            assert len(z.files) == len(want), name
+            for i, w in enumerate(want):
+                g = z["r%05d" % i]
+                assert g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes(), (name, i)

@@ -509,3 +509,28 @@ def test_local_only_arguments_are_refused_for_urls(s3_server):
         Dense.open("s3://bucket/x", storage_options=options(s3_server, aws_no_such_key="1"))
     with pytest.raises(ValueError, match='unsupported URL scheme "ftp"'):
         Dense.open("ftp://host/x")
+
+
+def test_object_storage_writers_take_the_level(s3_server, s3_bucket):
+    """A plain store and a set written to object storage at a level: the
+    frames are that level's, and every record reads back."""
+    yy, xx = np.indices((16, 16))
+    data = np.stack([((yy * (i % 5 + 1) + xx * (i % 3 + 1)) // 3 % 64).astype(np.uint8) for i in range(60)])
+    opts = options(s3_server)
+    sizes = {}
+    for level in (-5, 19):
+        for layout, kw in (("plain", {}), ("set", {"shard_records": 25})):
+            url = f"s3://{s3_bucket}/level{level}/{layout}"
+            with Dense.create(url, np.uint8, (16, 16), level=level, storage_options=opts, **kw) as w:
+                w.append(data)
+            with Dense.open(url, storage_options=opts) as ds:
+                np.testing.assert_array_equal(ds[:], data)
+            keys = [k for k in s3_server.list_objects(s3_bucket, f"level{level}/{layout}/")
+                    if k.endswith("data.zr")]
+            sizes[level, layout] = sum(len(s3_server.get_object(s3_bucket, k)) for k in keys)
+    assert sizes[-5, "plain"] > sizes[19, "plain"]
+    assert sizes[-5, "set"] > sizes[19, "set"]
+    with pytest.raises(ValueError, match="raw stores are not compressed"):
+        Dense.create(f"s3://{s3_bucket}/rawlevel", np.uint8, (2,), codec="raw", level=1,
+                     storage_options=opts)
+    assert s3_server.list_objects(s3_bucket, "rawlevel/") == []

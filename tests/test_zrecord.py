@@ -1376,3 +1376,94 @@ def test_train_dict_then_zstd_dict_store(tmp_path, dict_data, kind):
                 dst.append(s[:])
             with Ragged.open(q) as r:
                 assert_records(r[:], recs)
+
+
+# --------------------------------------------------------------------------
+# compression level
+# --------------------------------------------------------------------------
+
+def _level_images(n: int = 24) -> np.ndarray:
+    yy, xx = np.indices((16, 16))
+    return np.stack([((yy * (i % 5 + 1) + xx * (i % 3 + 1)) // 3 % 64).astype(np.uint8)
+                     for i in range(n)])
+
+
+@pytest.mark.parametrize("codec,level", [("zstd", -5), ("zstd", -1), ("zstd", 0), ("zstd", 1),
+                                         ("zstd", 9), ("zstd", 19), ("zstd", 22),
+                                         ("zstd", -131072), ("zstd_dict", 1),
+                                         ("zstd_dict", 19), ("zstd_dict", -2)])
+def test_any_level_round_trips(tmp_path, zdict, codec, level):
+    data = _level_images()
+    d = zdict if codec == "zstd_dict" else None
+    with Dense.create(tmp_path / "d", np.uint8, (16, 16), codec, d, level=np.int64(level)) as w:
+        w.append(data[:10])
+        w.append(data[10:])
+    with Dense.open(tmp_path / "d") as r:
+        assert r.codec == codec
+        np.testing.assert_array_equal(r[:], data)
+    recs = [np.arange(1 + i * 7 % 50, dtype=np.int16) for i in range(30)]
+    with Ragged.create(tmp_path / "r", np.int16, codec, d, level=level) as w:
+        w.append(recs)
+    with Ragged.open(tmp_path / "r") as r:
+        for got, want in zip(r[:], recs):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_level_shapes_the_frames_and_none_is_the_2_0_0_default(tmp_path, zdict):
+    data = np.concatenate([_level_images()] * 4)
+
+    def size(name, codec="zstd", **kw):
+        d = zdict if codec == "zstd_dict" else None
+        with Dense.create(tmp_path / name, np.uint8, (16, 16), codec, d, **kw) as w:
+            w.append(data)
+        return (tmp_path / name / "data.zr").stat().st_size
+
+    assert size("none") == size("three", level=3)
+    assert size("dict_none", "zstd_dict") == size("dict_19", "zstd_dict", level=19)
+    assert size("fast", level=-5) > size("one", level=1) >= size("nineteen", level=19)
+
+
+def test_level_applies_to_store_sets(tmp_path):
+    data = np.concatenate([_level_images()] * 4)
+    for level in (-5, 19):
+        with Dense.create(tmp_path / f"s{level}", np.uint8, (16, 16), level=level,
+                          shard_records=30) as w:
+            w.append(data)
+        with Dense.open(tmp_path / f"s{level}") as r:
+            assert len(r.shards) == 4
+            np.testing.assert_array_equal(r[:], data)
+    fast = (tmp_path / "s-5" / "shard-000000" / "data.zr").stat().st_size
+    strong = (tmp_path / "s19" / "shard-000000" / "data.zr").stat().st_size
+    assert fast > strong
+
+
+@pytest.mark.parametrize("level,exc,message", [
+    (23, ValueError, "level must be in zstd's range -131072..22, got 23"),
+    (-131073, ValueError, "level must be in zstd's range -131072..22, got -131073"),
+    (2**70, ValueError, f"level must be in zstd's range -131072..22, got {2**70}"),
+    (3.0, TypeError, "'float' object cannot be interpreted as an integer: level must be an int or None"),
+    ("3", TypeError, "'str' object cannot be interpreted as an integer: level must be an int or None"),
+    (True, TypeError, "level must be an integer, not bool"),
+])
+@pytest.mark.parametrize("kind", ["dense", "ragged"])
+def test_bad_levels_are_refused_before_anything_is_made(tmp_path, level, exc, message, kind):
+    path = tmp_path / "s"
+    with pytest.raises(exc) as ei:
+        if kind == "dense":
+            Dense.create(path, np.uint8, (4,), "zstd", level=level)
+        else:
+            Ragged.create(path, np.uint8, "zstd", level=level, shard_records=3)
+    assert str(ei.value) == message
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("level", [3, 0, -1, 99])
+def test_level_with_raw_is_a_value_error(tmp_path, level):
+    with pytest.raises(ValueError) as ei:
+        Dense.create(tmp_path / "s", np.uint8, (4,), codec="raw", level=level)
+    assert str(ei.value) == (
+        "level applies only to codec='zstd' and codec='zstd_dict': raw stores are not "
+        f"compressed (got level={level})")
+    assert not (tmp_path / "s").exists()
+    # None is the raw default: accepted.
+    Dense.create(tmp_path / "ok", np.uint8, (4,), codec="raw", level=None).close()

@@ -211,6 +211,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         shard_bytes=args.shard_bytes,
         decode_images=args.image_columns or args.decode_images,
         image_mode=args.image_mode,
+        level=args.level,
     )
     if not args.quiet:
         for name, path in out.items():
@@ -456,6 +457,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODE",
         default="RGB",
         help="Pillow mode decoded images are converted to: RGB, L (C = 1), RGBA... (default: %(default)s)",
+    )
+    p.add_argument(
+        "--level",
+        metavar="N",
+        type=int,
+        default=None,
+        help="zstd compression level, negative ones included (default: 3 for zstd, 19 for zstd_dict)",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress line and no summary")
     p.set_defaults(func=_cmd_convert)

@@ -77,23 +77,32 @@ def write_shard(
     codec: str = "zstd",
     dict_bytes: bytes | None = None,
     storage_options: StorageOptions | None = None,
+    level: int | None = None,
 ) -> ShardInfo:
     """Writes one shard of a set at ``root/name`` and commits it.
 
     ``batches`` yields what ``append`` takes: ``(n, *item_shape)`` arrays for
     a Dense set (``item_shape`` given), lists of arrays for a Ragged one
-    (``item_shape`` None). Returns the entry :func:`commit` needs.
+    (``item_shape`` None). ``level`` is the zstd level of the shard's
+    frames (see :meth:`loaderx.zrecord.Dense.create`); shards of one set
+    may differ in it. Returns the entry :func:`commit` needs.
     """
     _check_name(name)
     url = f"{str(root).rstrip('/')}/{name}"
     writer: Dense | Ragged
     if item_shape is None:
         writer = Ragged.create(
-            url, dtype, codec=codec, dict_bytes=dict_bytes, storage_options=storage_options
+            url, dtype, codec=codec, dict_bytes=dict_bytes, storage_options=storage_options, level=level
         )
     else:
         writer = Dense.create(
-            url, dtype, item_shape, codec=codec, dict_bytes=dict_bytes, storage_options=storage_options
+            url,
+            dtype,
+            item_shape,
+            codec=codec,
+            dict_bytes=dict_bytes,
+            storage_options=storage_options,
+            level=level,
         )
     try:
         for batch in batches:

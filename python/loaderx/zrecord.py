@@ -268,6 +268,23 @@ def _shard_limit(name: str, value: Any) -> int | None:
     )
 
 
+def _check_level(codec: str, level: Any) -> int | None:
+    """``level`` as the engine takes it: None (the codec's default) or an int
+    in zstd's range; a level with ``codec="raw"`` is refused."""
+    if level is None:
+        return None
+    number = _validate.integer("level", level, noun="an int or None")
+    if codec == "raw":
+        raise ValueError(
+            "level applies only to codec='zstd' and codec='zstd_dict': raw stores are not "
+            f"compressed (got level={number})"
+        )
+    low, high = _native.level_range()
+    if not low <= number <= high:
+        raise ValueError(f"level must be in zstd's range {low}..{high}, got {number}")
+    return number
+
+
 def _slice_indices(key: slice, n: int) -> np.ndarray:
     bounds = []
     try:
@@ -417,6 +434,7 @@ class _Store:
         shard_bytes: Any = None,
         storage_options: StorageOptions | None = None,
         checksums: bool = True,
+        level: Any = None,
     ) -> Self:
         text, shown = _location(path)
         if isinstance(shown, pathlib.Path) and shown.exists() and not shown.is_dir():
@@ -426,6 +444,7 @@ class _Store:
             )
         if not isinstance(checksums, bool):
             raise TypeError(f"checksums must be a bool, got {checksums!r}")
+        zstd_level = _check_level(codec, level)
         records = _shard_limit("shard_records", shard_records)
         nbytes = _shard_limit("shard_bytes", shard_bytes)
         options = _storage_options(storage_options)
@@ -446,6 +465,7 @@ class _Store:
             nbytes,
             options,
             checksums,
+            zstd_level,
         )
         self._has_dict = dict_bytes is not None
         return self
@@ -763,6 +783,7 @@ class Dense(_Store):
         shard_bytes: int | None = None,
         storage_options: StorageOptions | None = None,
         checksums: bool = True,
+        level: int | None = None,
     ) -> Dense:
         """Creates a new Dense store at ``path`` (a new or empty directory, or
         an empty object-storage prefix such as ``s3://bucket/train``) and
@@ -779,7 +800,17 @@ class Dense(_Store):
         ``checksums`` (default True) gives every record a content checksum:
         zstd frames carry zstd's own, which every reader (loaderx 2.0.0's
         too) verifies when it decodes; raw stores get a ``sums.zr`` sidecar
-        that loaderx 2.0.0 ignores. See :attr:`checksums`."""
+        that loaderx 2.0.0 ignores. See :attr:`checksums`.
+
+        ``level`` is the zstd compression level of the records' frames: None
+        (default) keeps loaderx 2.0.0's, 3 for ``"zstd"`` and 19 for
+        ``"zstd_dict"``; any int in zstd's range (``-131072..22``; 0 is
+        zstd's default, 3) may be given. Negative levels write fastest and
+        compress least; high levels compress most and write slowest (19 with
+        a dictionary: a few MiB/s per core). Reading speed hardly depends on
+        it. The level is not stored: a store written at any level reads as
+        any other (loaderx 2.0.0 too). ``level`` with ``codec="raw"`` is a
+        ValueError. docs/benchmarks.md measures the choices."""
         os.fspath(path)  # a path of the wrong type is reported first, as in 2.0.0
         dt = _check_dtype(dtype)
         _check_dict_use(codec, dict_bytes)
@@ -795,6 +826,7 @@ class Dense(_Store):
             shard_bytes,
             storage_options,
             checksums,
+            level,
         )
         self._item_shape = shape
         return self
@@ -888,18 +920,19 @@ class Ragged(_Store):
         shard_bytes: int | None = None,
         storage_options: StorageOptions | None = None,
         checksums: bool = True,
+        level: int | None = None,
     ) -> Ragged:
         """Creates a new Ragged store at ``path`` (a new or empty directory, or
         an empty object-storage prefix) and returns its append-only writer
-        (``shard_records``, ``shard_bytes``, ``storage_options`` and
-        ``checksums`` as for :meth:`Dense.create`)."""
+        (``shard_records``, ``shard_bytes``, ``storage_options``,
+        ``checksums`` and ``level`` as for :meth:`Dense.create`)."""
         os.fspath(path)  # a path of the wrong type is reported first, as in 2.0.0
         dt = _check_dtype(dtype)
         _check_dict_use(codec, dict_bytes)
         blob = _check_codec(codec, dict_bytes)
         _check_itemsize(dt)
         return cls._writer_of(
-            path, dt, None, codec, blob, shard_records, shard_bytes, storage_options, checksums
+            path, dt, None, codec, blob, shard_records, shard_bytes, storage_options, checksums, level
         )
 
     @classmethod

@@ -23,6 +23,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cached_batch_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(batch_buffer_stats, m)?)?;
     m.add_function(wrap_pyfunction!(remote_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(level_range, m)?)?;
     store::register(m)?;
     dict::register(m)?;
     loader::register(m)?;
@@ -50,6 +51,14 @@ fn batch_buffer_stats() -> (u64, u64) {
 fn remote_stats() -> (u64, u64) {
     let s = loaderx::remote::stats();
     (s.requests, s.bytes)
+}
+
+/// `(lowest, highest)`: the zstd compression levels a store can be
+/// written at (zstd's own range, negative levels included).
+#[pyfunction]
+fn level_range() -> (i32, i32) {
+    let range = loaderx::level_range();
+    (*range.start(), *range.end())
 }
 
 /// Number of threads in the process-wide worker pool.

@@ -127,9 +127,10 @@ pub struct WriterHandle {
 impl WriterHandle {
     /// Creates a store, or a store set when `shard_records` or
     /// `shard_bytes` is given. `item_shape` is given for Dense stores only;
-    /// `path` is a local path or an object-storage URL.
+    /// `path` is a local path or an object-storage URL; `level` is the zstd
+    /// level of the frames (None: the codec's default).
     #[staticmethod]
-    #[pyo3(signature = (path, kind, dtype, item_shape, codec, dict_bytes=None, shard_records=None, shard_bytes=None, storage_options=None, checksums=true))]
+    #[pyo3(signature = (path, kind, dtype, item_shape, codec, dict_bytes=None, shard_records=None, shard_bytes=None, storage_options=None, checksums=true, level=None))]
     #[allow(clippy::too_many_arguments)]
     fn create(
         py: Python<'_>,
@@ -143,6 +144,7 @@ impl WriterHandle {
         shard_bytes: Option<u64>,
         storage_options: Option<BTreeMap<String, Bound<'_, PyAny>>>,
         checksums: bool,
+        level: Option<i32>,
     ) -> PyResult<Self> {
         let storage = self::storage_options(storage_options)?;
         let codec = codec.0;
@@ -157,6 +159,7 @@ impl WriterHandle {
             dict,
             sharding,
             checksums,
+            level,
             storage,
         };
         let writer = py

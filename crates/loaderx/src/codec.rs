@@ -10,10 +10,55 @@ use zstd::dict::EncoderDictionary;
 use crate::error::{Error, Result};
 use crate::format::Codec;
 
-/// Level loaderx 2.0.0 writes plain zstd frames at.
+/// Level loaderx 2.0.0 writes plain zstd frames at: the default of
+/// [`Codec::Zstd`].
 pub const ZSTD_LEVEL: i32 = 3;
-/// Level loaderx 2.0.0 writes dictionary frames at.
+/// Level loaderx 2.0.0 writes dictionary frames at: the default of
+/// [`Codec::ZstdDict`].
 pub const ZSTD_DICT_LEVEL: i32 = 19;
+
+/// The compression levels a store can be written at: zstd's own range,
+/// negative (faster, larger) levels included. Level 0 is zstd's default
+/// level, 3. The level only shapes the frames; it is not stored, and every
+/// reader (loaderx 2.0.0's too) decodes frames of any level.
+pub fn level_range() -> std::ops::RangeInclusive<i32> {
+    zstd::compression_level_range()
+}
+
+/// The level `codec` writes at when none is chosen: loaderx 2.0.0's
+/// ([`ZSTD_LEVEL`], [`ZSTD_DICT_LEVEL`]); `None` for [`Codec::Raw`].
+pub fn default_level(codec: Codec) -> Option<i32> {
+    match codec {
+        Codec::Raw => None,
+        Codec::Zstd => Some(ZSTD_LEVEL),
+        Codec::ZstdDict => Some(ZSTD_DICT_LEVEL),
+    }
+}
+
+/// The level a store of `codec` is written at, given the requested one:
+/// the codec's default for `None`; an error for a level with
+/// [`Codec::Raw`] (which compresses nothing) or outside [`level_range`].
+pub fn resolve_level(codec: Codec, level: Option<i32>) -> Result<Option<i32>> {
+    match (codec, level) {
+        (_, None) => Ok(default_level(codec)),
+        (Codec::Raw, Some(l)) => Err(Error::InvalidArgument(format!(
+            "level applies only to codecs \"zstd\" and \"zstd_dict\": raw stores are not \
+             compressed (got level {l})"
+        ))),
+        (_, Some(l)) => {
+            let range = level_range();
+            if range.contains(&l) {
+                Ok(Some(l))
+            } else {
+                Err(Error::InvalidArgument(format!(
+                    "level must be in zstd's range {}..={}, got {l}",
+                    range.start(),
+                    range.end()
+                )))
+            }
+        }
+    }
+}
 
 /// Writes frames of one codec. Created per worker task.
 pub(crate) enum Encoder<'d> {
@@ -22,16 +67,19 @@ pub(crate) enum Encoder<'d> {
 }
 
 impl<'d> Encoder<'d> {
-    /// An encoder of `codec`; with `checksum`, each zstd frame carries the
-    /// content checksum libzstd verifies on every decode.
+    /// An encoder of `codec` at `level` (a plain zstd store's; a
+    /// dictionary store's level is the one its prepared `dict` was made
+    /// with, see [`encoder_dictionary`]); with `checksum`, each zstd frame
+    /// carries the content checksum libzstd verifies on every decode.
     pub(crate) fn new(
         codec: Codec,
+        level: i32,
         dict: Option<&'d EncoderDictionary<'static>>,
         checksum: bool,
     ) -> Result<Self> {
         let ctx = match (codec, dict) {
             (Codec::Raw, _) => return Ok(Encoder::Raw),
-            (Codec::Zstd, _) => Compressor::new(ZSTD_LEVEL),
+            (Codec::Zstd, _) => Compressor::new(level),
             (Codec::ZstdDict, Some(d)) => Compressor::with_prepared_dictionary(d),
             (Codec::ZstdDict, None) => {
                 return Err(Error::InvalidArgument(
@@ -222,9 +270,71 @@ impl Drop for PooledDecoder<'_> {
     }
 }
 
-/// Prepares the shared encoder dictionary of a zstd_dict writer.
-pub(crate) fn encoder_dictionary(bytes: &[u8]) -> Result<EncoderDictionary<'static>> {
-    EncoderDictionary::try_copy(bytes, ZSTD_DICT_LEVEL).map_err(|e| {
+/// Prepares the shared encoder dictionary of a zstd_dict writer, digested
+/// for compression at `level` (the frames' level comes from it).
+pub(crate) fn encoder_dictionary(bytes: &[u8], level: i32) -> Result<EncoderDictionary<'static>> {
+    EncoderDictionary::try_copy(bytes, level).map_err(|e| {
         Error::InvalidArgument(format!("dictionary bytes are not usable by zstd: {e}"))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_resolve_to_the_codec_default_or_the_choice() {
+        assert_eq!(resolve_level(Codec::Zstd, None).unwrap(), Some(ZSTD_LEVEL));
+        assert_eq!(
+            resolve_level(Codec::ZstdDict, None).unwrap(),
+            Some(ZSTD_DICT_LEVEL)
+        );
+        assert_eq!(resolve_level(Codec::Raw, None).unwrap(), None);
+        let range = level_range();
+        for level in [*range.start(), -5, 0, 1, 19, *range.end()] {
+            assert_eq!(
+                resolve_level(Codec::Zstd, Some(level)).unwrap(),
+                Some(level)
+            );
+            assert_eq!(
+                resolve_level(Codec::ZstdDict, Some(level)).unwrap(),
+                Some(level)
+            );
+        }
+        for level in [*range.start() - 1, *range.end() + 1, i32::MIN, i32::MAX] {
+            let e = resolve_level(Codec::Zstd, Some(level)).unwrap_err();
+            assert!(
+                matches!(&e, Error::InvalidArgument(m) if m.contains("zstd's range")),
+                "{e:?}"
+            );
+        }
+        let e = resolve_level(Codec::Raw, Some(3)).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("raw stores are not compressed")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn task_encoders_write_frames_at_their_level() {
+        // Text-like: words of a small vocabulary picked by an LCG.
+        let words = [
+            "zstd ", "level ", "frame ", "record ", "store ", "loaderx ", "the ",
+        ];
+        let mut state = 12345u32;
+        let mut record = Vec::new();
+        while record.len() < 1 << 16 {
+            state = state.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            record.extend_from_slice(words[(state >> 16) as usize % words.len()].as_bytes());
+        }
+        let mut sizes = Vec::new();
+        for level in [-5, 3, 19] {
+            let mut enc = Encoder::new(Codec::Zstd, level, None, true).unwrap();
+            let mut out = Vec::new();
+            let n = enc.encode_into(&record, &mut out).unwrap();
+            assert_eq!(zstd::bulk::decompress(&out, record.len()).unwrap(), record);
+            sizes.push(n);
+        }
+        assert!(sizes[0] > sizes[1] && sizes[1] > sizes[2], "{sizes:?}");
+    }
 }

@@ -47,7 +47,7 @@ pub mod schema;
 pub mod shape;
 pub mod store;
 
-pub use codec::{ZSTD_DICT_LEVEL, ZSTD_LEVEL};
+pub use codec::{default_level, level_range, resolve_level, ZSTD_DICT_LEVEL, ZSTD_LEVEL};
 pub use error::{Error, Result};
 pub use format::Codec;
 pub use schema::{DType, Kind, Schema};

@@ -29,6 +29,7 @@ fn options(codec: Codec, records: Option<u64>, bytes: Option<u64>) -> WriteOptio
         dict: None,
         sharding: Some(Sharding { records, bytes }),
         checksums: true,
+        level: None,
         storage: StorageOptions::new(),
     }
 }

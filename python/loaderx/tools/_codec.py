@@ -34,7 +34,7 @@ import numpy as np
 
 from loaderx import _sidecar
 from loaderx._errors import ZrecordError
-from loaderx.tools._common import _MiB
+from loaderx.tools._common import _MiB, _set_layout
 from loaderx.utils import train_dict
 from loaderx.zrecord import DICT_TIERS, Dense, Ragged
 
@@ -153,11 +153,13 @@ def _write(
     codec: str,
     blob: bytes | None = None,
 ) -> int:
+    # At the level the store will be written at, if one was asked for.
+    level = _set_layout(codec).get("level")
     if item_shape is not None:
-        with Dense.create(root, dtype, item_shape, codec=codec, dict_bytes=blob) as w:
+        with Dense.create(root, dtype, item_shape, codec=codec, dict_bytes=blob, level=level) as w:
             w.append(np.stack(list(records)).astype(dtype, copy=False).reshape((len(records), *item_shape)))
     else:
-        with Ragged.create(root, dtype, codec=codec, dict_bytes=blob) as r:
+        with Ragged.create(root, dtype, codec=codec, dict_bytes=blob, level=level) as r:
             r.append(list(records))
     return _stored_bytes(root)
 
@@ -317,17 +319,15 @@ def ensure_not_bigger_than_raw(target: pathlib.Path, choice: CodecChoice, what: 
         raw = raw_store_bytes(store, _logical_bytes(store))
         if disk <= raw:
             return choice
-        from loaderx.tools._common import _set_layout
-
         scratch = target.parent / f".{target.name}.loaderx-raw"
         shutil.rmtree(scratch, ignore_errors=True)
         try:
             if isinstance(store, Dense):
                 writer: Dense | Ragged = Dense.create(
-                    scratch, store.dtype, store.item_shape, codec="raw", **_set_layout()
+                    scratch, store.dtype, store.item_shape, codec="raw", **_set_layout("raw")
                 )
             else:
-                writer = Ragged.create(scratch, store.dtype, codec="raw", **_set_layout())
+                writer = Ragged.create(scratch, store.dtype, codec="raw", **_set_layout("raw"))
             with writer:
                 for a, b in _chunks_of(store, 0, len(store)):
                     writer.append(store[a:b])

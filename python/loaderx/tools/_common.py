@@ -27,10 +27,12 @@ _MAX_CHUNK_RECORDS = 65536
 
 
 class _SetLayout(TypedDict, total=False):
-    """The store-set keywords of ``Dense.create`` / ``Ragged.create``."""
+    """The store-set keywords of ``Dense.create`` / ``Ragged.create``, and
+    the compression level."""
 
     shard_records: int
     shard_bytes: int
+    level: int
 
 
 #: Keyword arguments every store a conversion creates gets (the set layout):
@@ -39,9 +41,13 @@ class _SetLayout(TypedDict, total=False):
 _LAYOUT: contextvars.ContextVar[_SetLayout] = contextvars.ContextVar("_LAYOUT")
 
 
-def _set_layout() -> _SetLayout:
-    """The set layout of the conversion under way (none outside one)."""
-    return _LAYOUT.get({})
+def _set_layout(codec: str) -> _SetLayout:
+    """The create keywords of the conversion under way for a store of
+    ``codec`` (none outside one): a raw store takes no level."""
+    layout = _LAYOUT.get({})
+    if codec == "raw" and "level" in layout:
+        layout = {k: v for k, v in layout.items() if k != "level"}  # type: ignore[assignment]
+    return layout
 
 
 @dataclasses.dataclass(frozen=True)

@@ -653,11 +653,15 @@ def _write_tabular(
                         plan.item_shape or (),
                         codec=plan.codec,
                         dict_bytes=plan.dict_bytes,
-                        **_set_layout(),
+                        **_set_layout(plan.codec),
                     )
                 else:
                     writers[name] = Ragged.create(
-                        target, plan.dtype, codec=plan.codec, dict_bytes=plan.dict_bytes, **_set_layout()
+                        target,
+                        plan.dtype,
+                        codec=plan.codec,
+                        dict_bytes=plan.dict_bytes,
+                        **_set_layout(plan.codec),
                     )
             except ValueError as e:
                 raise UnsupportedColumnError(f"unsupported column type: column {name!r}: {e}") from None

@@ -49,7 +49,7 @@ from loaderx.tools.arrow import (
     _TableSource,
 )
 from loaderx.tools.inspect import _chunks_of, open_store
-from loaderx.zrecord import CODECS, DICT_TIERS, Dense, Ragged, StorageOptions, _is_url
+from loaderx.zrecord import CODECS, DICT_TIERS, Dense, Ragged, StorageOptions, _check_level, _is_url
 
 #: The codecs ``convert`` takes: a store's, or ``"auto"`` (chosen per store by measuring).
 CONVERT_CODECS = ("auto", *CODECS)
@@ -116,10 +116,10 @@ def _write_blocks(
     try:
         if item_shape is not None:
             writer: Dense | Ragged = Dense.create(
-                target, dtype, item_shape, codec=codec, dict_bytes=blob, **_set_layout()
+                target, dtype, item_shape, codec=codec, dict_bytes=blob, **_set_layout(codec)
             )
         else:
-            writer = Ragged.create(target, dtype, codec=codec, dict_bytes=blob, **_set_layout())
+            writer = Ragged.create(target, dtype, codec=codec, dict_bytes=blob, **_set_layout(codec))
     except ValueError as e:
         raise UnsupportedColumnError(f"unsupported column type: {what}: {e}") from None
     meter = make_progress(progress, total, f"convert {what}")
@@ -424,10 +424,10 @@ def _convert_store(
         blob = _train(src, tier, what)
     if isinstance(src, Dense):
         writer: Dense | Ragged = Dense.create(
-            target, src.dtype, src.item_shape, codec=codec, dict_bytes=blob, **_set_layout()
+            target, src.dtype, src.item_shape, codec=codec, dict_bytes=blob, **_set_layout(codec)
         )
     else:
-        writer = Ragged.create(target, src.dtype, codec=codec, dict_bytes=blob, **_set_layout())
+        writer = Ragged.create(target, src.dtype, codec=codec, dict_bytes=blob, **_set_layout(codec))
     meter = make_progress(progress, n, f"convert {what}")
     try:
         with writer:
@@ -469,6 +469,7 @@ def convert(
     storage_options: StorageOptions | None = None,
     decode_images: bool | str | Sequence[str] = False,
     image_mode: str = "RGB",
+    level: int | None = None,
 ) -> dict[str, Any]:
     """Builds stores from ``src`` and returns ``{name: store path}``.
 
@@ -512,7 +513,10 @@ def convert(
     ``shard_records`` / ``shard_bytes`` make every output a store set of
     shards of that many records / payload bytes (see
     :meth:`loaderx.zrecord.Dense.create`); a store set is accepted as ``src``
-    like a store.
+    like a store. ``level`` is the zstd level of every compressed store's
+    frames (default: the codec's, 3 for ``zstd`` and 19 for ``zstd_dict``;
+    see :meth:`loaderx.zrecord.Dense.create`); ``auto`` measures at it, and
+    a store it leaves raw ignores it.
 
     ``decode_images`` (Parquet, Arrow and ``datasets`` sources): True decodes
     every Hugging Face ``Image()`` column, a list (or comma-separated string)
@@ -550,6 +554,10 @@ def convert(
     args = (codec, tier)
     decode = _decode_arg(decode_images, image_mode)
     layout: _SetLayout = {}
+    # auto may pick raw for some stores: those ignore the level (_set_layout).
+    zstd_level = _check_level("zstd" if codec == "auto" else codec, level)
+    if zstd_level is not None:
+        layout["level"] = zstd_level
     if shard_records is not None:
         layout["shard_records"] = shard_records
     if shard_bytes is not None:

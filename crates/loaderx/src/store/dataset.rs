@@ -46,6 +46,9 @@ pub struct WriteOptions {
     pub sharding: Option<Sharding>,
     /// Content checksums (see [`CreateOptions::checksums`]).
     pub checksums: bool,
+    /// zstd level of every store's frames, `None` for the codec's default
+    /// (see [`CreateOptions::level`]).
+    pub level: Option<i32>,
     /// Object-storage settings (see [`crate::remote`]).
     pub storage: StorageOptions,
 }
@@ -76,6 +79,7 @@ pub struct DatasetWriter {
     dict: Option<Vec<u8>>,
     sharding: Option<Sharding>,
     checksums: bool,
+    level: Option<i32>,
     /// The store being written, and its name in the set ("" for a plain store).
     current: Option<(String, StoreWriter)>,
     shards: Vec<ShardEntry>,
@@ -279,6 +283,7 @@ pub fn write_shard(
             dict,
             sharding: None,
             checksums: true,
+            level: None,
             storage: storage.clone(),
         },
     )?;
@@ -299,8 +304,11 @@ impl DatasetWriter {
             dict,
             sharding,
             checksums,
+            level,
             storage,
         } = options;
+        // Refused before anything is made, locally or remotely.
+        crate::codec::resolve_level(codec, level)?;
         if let Some(s) = &sharding {
             if s.records == Some(0) || s.bytes == Some(0) {
                 return Err(Error::InvalidArgument(
@@ -352,6 +360,7 @@ impl DatasetWriter {
             dict,
             sharding,
             checksums,
+            level,
             current: None,
             shards: Vec::new(),
             closed: false,
@@ -393,6 +402,7 @@ impl DatasetWriter {
                 codec: self.codec,
                 dict: self.dict.clone(),
                 checksums: self.checksums,
+                level: self.level,
             },
         )?;
         self.current = Some((name, store));

@@ -35,7 +35,7 @@ use xxhash_rust::xxh3::xxh3_64;
 /// Input bytes compressed per window of an append, bounding the memory the
 /// compressed frames of one window can take.
 const WINDOW_BYTES: usize = 64 << 20;
-/// Most input bytes per compression task.
+/// Most input bytes per compression task (at fast levels; see [`task_bytes`]).
 const TASK_BYTES: usize = 1 << 20;
 /// Fewest input bytes per compression task (below this, a task costs more
 /// to schedule than to run).
@@ -55,16 +55,28 @@ pub struct CreateOptions {
     /// `sums.zr` sidecar of one XXH3-64 per record, which loaderx 2.0.0
     /// ignores.
     pub checksums: bool,
+    /// zstd compression level of the frames: `None` for the codec's default
+    /// (loaderx 2.0.0's, see [`crate::default_level`]), else any level in
+    /// [`crate::level_range`] (negative levels included). Refused with
+    /// [`Codec::Raw`]. The level is not stored: it only shapes the frames,
+    /// which any reader decodes.
+    pub level: Option<i32>,
 }
 
 impl CreateOptions {
-    /// `codec` and `dict`, with checksums (the default).
+    /// `codec` and `dict`, with checksums and the codec's default level.
     pub fn new(codec: Codec, dict: Option<Vec<u8>>) -> CreateOptions {
         CreateOptions {
             codec,
             dict,
             checksums: true,
+            level: None,
         }
+    }
+
+    /// The same options with compression `level` (see [`CreateOptions::level`]).
+    pub fn with_level(self, level: Option<i32>) -> CreateOptions {
+        CreateOptions { level, ..self }
     }
 }
 
@@ -121,6 +133,8 @@ pub struct StoreWriter {
     data: File,
     dict: Option<EncoderDictionary<'static>>,
     has_dict: bool,
+    /// The frames' compression level (`None` for raw stores).
+    level: Option<i32>,
     /// zstd frames carry content checksums.
     frame_checksums: bool,
     /// The checksum sidecar of a raw store.
@@ -152,6 +166,7 @@ impl StoreWriter {
             codec,
             dict,
             checksums,
+            level,
         } = options;
         match (codec, &dict) {
             (Codec::ZstdDict, None) => {
@@ -172,8 +187,12 @@ impl StoreWriter {
             }
             _ => {}
         }
+        let level = codec::resolve_level(codec, level)?;
         let schema_bytes = schema.encode_checked()?;
-        let encoder_dict = dict.as_deref().map(codec::encoder_dictionary).transpose()?;
+        let encoder_dict = dict
+            .as_deref()
+            .map(|d| codec::encoder_dictionary(d, level.unwrap_or(codec::ZSTD_DICT_LEVEL)))
+            .transpose()?;
 
         if dir.exists() {
             let mut entries = std::fs::read_dir(&dir).map_err(|e| {
@@ -213,6 +232,7 @@ impl StoreWriter {
                         codec,
                         dict,
                         checksums,
+                        level,
                     },
                     encoder_dict,
                     &schema_bytes,
@@ -245,6 +265,7 @@ impl StoreWriter {
             codec,
             dict,
             checksums,
+            level,
         } = options;
         let mut create_new = |name: &str| {
             let path = dir.join(name);
@@ -310,6 +331,7 @@ impl StoreWriter {
             data,
             has_dict: encoder_dict.is_some(),
             dict: encoder_dict,
+            level,
             frame_checksums: checksums && codec.is_compressed(),
             sums,
             length: 0,
@@ -336,6 +358,11 @@ impl StoreWriter {
     /// Whether the store carries a dictionary.
     pub fn has_dict(&self) -> bool {
         self.has_dict
+    }
+
+    /// The zstd level the frames are written at (`None` for raw stores).
+    pub fn level(&self) -> Option<i32> {
+        self.level
     }
 
     /// Records appended so far.
@@ -498,6 +525,7 @@ impl StoreWriter {
         let frontier = AtomicU64::new(self.tail);
         let codec = self.codec;
         let frame_checksums = self.frame_checksums;
+        let level = self.level.unwrap_or(codec::ZSTD_LEVEL);
         let dict = self.dict.as_ref();
         let data = &self.data;
         // One encoder (and scratch) per pool thread for the whole append:
@@ -514,8 +542,11 @@ impl StoreWriter {
                 window_bytes += source.len_of(end);
                 end += 1;
             }
-            // About four tasks per thread, so a small append still uses every core.
-            let target = (window_bytes / (pool::threads() * 4)).clamp(MIN_TASK_BYTES, TASK_BYTES);
+            // About four tasks per thread, so a small append still uses every
+            // core; smaller ones at slow levels, so no thread is left with a
+            // long task while the others wait at the end of the append.
+            let target =
+                (window_bytes / (pool::threads() * 4)).clamp(MIN_TASK_BYTES, task_bytes(level));
             let tasks = split_by_bytes(source, start..end, target);
             let mut slices = Vec::with_capacity(tasks.len());
             let mut rest = &mut locs[start..end];
@@ -539,7 +570,9 @@ impl StoreWriter {
                         // Made lazily so a failure is reported as itself.
                         let encoder = match encoder {
                             Some(e) => e,
-                            None => encoder.insert(Encoder::new(codec, dict, frame_checksums)?),
+                            None => {
+                                encoder.insert(Encoder::new(codec, level, dict, frame_checksums)?)
+                            }
                         };
                         block.clear();
                         for (slot, i) in out.iter_mut().zip(range) {
@@ -660,6 +693,21 @@ struct TaskState<'d> {
     encoder: Option<Encoder<'d>>,
     block: Vec<u8>,
     scratch: Vec<u8>,
+}
+
+/// Most input bytes per compression task at `level`: a millisecond or more
+/// of one core's work, so scheduling stays cheap, but not so much that one
+/// thread is still on a long task while the others wait at the end of an
+/// append. zstd compresses about 0.5-1 GB/s per core up to level 4,
+/// 50-150 MB/s at levels 5-12 and 1-40 MB/s from 13 on (where records
+/// larger than [`MIN_TASK_BYTES`] become a task each: before, a level-19
+/// append of 147 KiB images went out in 7-record tasks of about 0.3 s).
+fn task_bytes(level: i32) -> usize {
+    match level {
+        ..=4 => TASK_BYTES,
+        5..=12 => TASK_BYTES / 4,
+        _ => MIN_TASK_BYTES,
+    }
 }
 
 /// Splits `range` into contiguous tasks of about `target` input bytes each.
