@@ -221,6 +221,21 @@ def render(wl: dict, rows: list[dict], args) -> str:
     return "\n".join(lines)
 
 
+def update_docs(tables: list[str], total_s: float, doc: Path = REPO / "docs" / "benchmarks.md") -> None:
+    """Writes this run's tables between the ``levels`` markers of ``doc``
+    (the hand-written guide around them stays as it is)."""
+    begin, end = "<!-- levels:begin -->", "<!-- levels:end -->"
+    text = doc.read_text()
+    if begin not in text or end not in text:
+        raise SystemExit(f"{doc} has no {begin} / {end} markers")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    body = f"Run {stamp}, {total_s:.0f} s in all.\n\n" + "\n".join(tables)
+    doc.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
+    log(f"{doc}: updated the level tables")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -240,6 +255,9 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=1, help="measure every cell N times, report medians (default 1)")
     p.add_argument("--seed", type=int, default=20240611)
     p.add_argument("--json", type=Path, help="also write every number to this JSON file")
+    p.add_argument("--update-docs", action="store_true",
+                   help="replace the tables between <!-- levels:begin --> and <!-- levels:end --> "
+                        "in docs/benchmarks.md with this run's")
     args = p.parse_args(argv)
     args.only = [w for w in args.only.split(",") if w]
     if any(w not in WORKLOADS for w in args.only):
@@ -264,6 +282,7 @@ def main(argv=None) -> int:
     print(header.replace("## loaderx store benchmark", "## Compression levels"), flush=True)
     report = {"machine": machine, "implementations": impls, "args": {k: str(v) for k, v in vars(args).items()},
               "workloads": {}}
+    tables: list[str] = []
     for name in args.only:
         spec = WORKLOADS[name]
         n = spec["records"][1 if args.quick else 0]
@@ -286,11 +305,14 @@ def main(argv=None) -> int:
         rows = run_ours(wl, src, plan.astype(np.int64), args)
         if not args.no_reference:
             rows += run_reference(wl, args)
-        print(render(wl, rows, args), flush=True)
+        tables.append(render(wl, rows, args))
+        print(tables[-1], flush=True)
         report["workloads"][name] = {k: (str(v) if isinstance(v, Path) else v) for k, v in wl.items()} | {"rows": rows}
         shutil.rmtree(wdir / "stores", ignore_errors=True)
     report["total_s"] = time.perf_counter() - t_start
     print(f"_Total run time {report['total_s']:.0f} s._", flush=True)
+    if args.update_docs and not args.quick:
+        update_docs(tables, report["total_s"])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1, default=str))
