@@ -118,6 +118,17 @@ def unpicklable_result(batch):
     return {"gen": (i for i in range(3))}
 
 
+class TwoArgError(Exception):
+    """Pickles, but cannot be rebuilt from its args (a custom __init__)."""
+
+    def __init__(self, what, why):
+        super().__init__(f"{what}: {why}")
+
+
+def raise_unrebuildable(batch):
+    raise TwoArgError("label", "missing")
+
+
 def whose_pid(batch):
     return {"pid": np.array([os.getpid()]), "id": batch["id"]}
 
@@ -403,6 +414,15 @@ def test_a_worker_that_exits_is_an_error(stores):
         next(dl)
         with pytest.raises(TransformWorkerError, match="exited with status 3 while transforming step 1"):
             next(dl)
+
+
+def test_an_exception_that_cannot_be_rebuilt_arrives_as_a_runtime_error_with_its_text(stores):
+    with (
+        loader(stores, raise_unrebuildable, workers="process", mode=0) as dl,
+        pytest.raises(RuntimeError, match=r"^TwoArgError: label: missing") as info,
+    ):
+        next(dl)
+    assert "transforming step 0" in "".join(getattr(info.value, "__notes__", []))
 
 
 def test_a_result_that_cannot_be_pickled_is_an_error_of_its_step(stores):

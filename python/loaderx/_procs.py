@@ -121,6 +121,17 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
+def _split(whole: memoryview, sizes: list[int], aligned: bool) -> list[memoryview]:
+    """Views of consecutive buffers of ``sizes`` bytes in ``whole``, each
+    starting on an ``_ALIGN`` boundary when ``aligned`` (as ``_Outbox``
+    lays them out), back to back otherwise (inline)."""
+    out, at = [], 0
+    for n in sizes:
+        out.append(whole[at : at + n])
+        at += _aligned(n) if aligned else n
+    return out
+
+
 def _byte_bounds(a: np.ndarray) -> tuple[int, int, int]:
     """(data pointer, lowest byte, one past the highest byte) of ``a``."""
     ptr = a.__array_interface__["data"][0]
@@ -263,12 +274,7 @@ class _Inbox:
         # message is built: once it is collected, nothing reads the file.
         base = np.frombuffer(self.maps[key], dtype=np.uint8, count=total)
         weakref.finalize(base, self.released.append, key)
-        whole = base.data  # a memoryview that keeps ``base`` alive
-        out, at = [], 0
-        for n in sizes:
-            out.append(whole[at : at + n])
-            at += _aligned(n)
-        return out
+        return _split(base.data, sizes, aligned=True)  # views that keep ``base`` alive
 
     def forget(self, keys: list[int]) -> None:
         for key in keys:
@@ -344,11 +350,7 @@ class _Channel:
         else:
             # A bytearray, not the bytes received: arrays the loader hands
             # out are writable, whichever way they travelled.
-            whole = memoryview(bytearray(inline))
-            buffers, at = [], 0
-            for n in sizes:
-                buffers.append(whole[at : at + n])
-                at += n
+            buffers = _split(memoryview(bytearray(inline)), sizes, aligned=False)
         try:
             return tag, step, _Unpickler(data, buffers, resolve).load()
         except _GONE as e:
@@ -443,19 +445,18 @@ def _describe(e: BaseException, doing: str) -> bytes:
     where = f"in transform worker process {os.getpid()}, {doing}:\n" + "".join(
         traceback.format_exception(type(e), e, e.__traceback__)
     )
-    try:
-        blob = pickle.dumps(e, protocol=5)
-        pickle.loads(blob)
-    except BaseException:
-        e = RuntimeError(f"{type(e).__name__}: {e}")
-    e.__traceback__ = None
     notes = [*getattr(e, "__notes__", []), where]
+    e.__traceback__ = None
     with contextlib.suppress(AttributeError):  # an exception without a __dict__
         e.__notes__ = notes  # type: ignore[attr-defined]  # what add_note (3.11+) sets
     try:
-        return pickle.dumps(e, protocol=5)
+        blob = pickle.dumps(e, protocol=5)
+        pickle.loads(blob)  # some pickle but cannot be rebuilt (a custom __init__)
+        return blob
     except BaseException:
-        return pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}"), protocol=5)
+        stand_in = RuntimeError(f"{type(e).__name__}: {e}")
+        stand_in.__notes__ = notes  # type: ignore[attr-defined]
+        return pickle.dumps(stand_in, protocol=5)
 
 
 # -- the loader's side ----------------------------------------------------------
@@ -621,9 +622,9 @@ class ProcessWorkers:
         arena = self.arena
         sent: list[tuple[int, int, np.ndarray]] = []
         for value in batch.values():
-            if type(value) is np.ndarray and arena.reference(value) is not None:
-                _, lo, hi = _byte_bounds(value)
-                sent.append((lo - arena.ptr, hi - arena.ptr, value))
+            ref = arena.reference(value) if type(value) is np.ndarray else None
+            if ref is not None:
+                sent.append((ref[2], ref[3], value))  # its lowest byte and one past its highest
 
         def resolve(pid: Any) -> np.ndarray:
             # A view of the batch's own memory: built on the array the
