@@ -280,6 +280,18 @@ def write_script(directory: Path, name: str, body: str) -> Path:
     return path
 
 
+def read_with_reference(run_reference, tmp_path: Path, spec: list[dict]) -> tuple[dict, Path]:
+    """Has loaderx 2.0.0 (the ``run_reference`` fixture) read every store of
+    ``spec`` (REF_READ): its per-store results, and the folder holding the
+    arrays it read."""
+    out = tmp_path / "ref_out"
+    out.mkdir()
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    run_reference(write_script(tmp_path, "ref_read.py", REF_READ), tmp_path / "spec.json", out,
+                  timeout=STEP_TIMEOUT)
+    return json.loads((out / "results.json").read_text()), out
+
+
 def last_json(proc):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -620,12 +632,7 @@ def test_reference_reads_each_shard_of_our_sets(tmp_path, run_reference, fixture
                 expected[name] = data[start:start + shard["records"]]
                 start += shard["records"]
             assert start == len(data) and len(s.shards) > 1
-    out = tmp_path / "ref_out"
-    out.mkdir()
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    run_reference(write_script(tmp_path, "ref_read.py", REF_READ), tmp_path / "spec.json", out,
-                  timeout=STEP_TIMEOUT)
-    results = json.loads((out / "results.json").read_text())
+    results, out = read_with_reference(run_reference, tmp_path, spec)
     for name, want in expected.items():
         assert results[name]["ok"], results[name]
         if name.startswith("dense"):
@@ -674,12 +681,7 @@ def test_reference_reads_converted_stores_with_their_sidecar(tmp_path, run_refer
             spec.append({"name": f"{codec}-{name}", "kind": "dense" if name == "label" else "ragged",
                          "path": str(path)})
         assert tools.class_names(out["label"]) == ["a", "b", "c"]
-    ref_out = tmp_path / "ref_out"
-    ref_out.mkdir()
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    run_reference(write_script(tmp_path, "ref_read.py", REF_READ), tmp_path / "spec.json", ref_out,
-                  timeout=STEP_TIMEOUT)
-    results = json.loads((ref_out / "results.json").read_text())
+    results, ref_out = read_with_reference(run_reference, tmp_path, spec)
     for item in spec:
         name = item["name"]
         res = results[name]
@@ -725,12 +727,7 @@ def test_reference_reads_stores_written_at_any_level(tmp_path, run_reference, fi
     # The level took effect: stronger levels wrote fewer bytes.
     assert sizes["dense_zstd_-5"] > sizes["dense_zstd_1"] > sizes["dense_zstd_19"]
     assert sizes["dense_zstd_dict_1"] > sizes["dense_zstd_dict_19"]
-    out = tmp_path / "ref_out"
-    out.mkdir()
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    run_reference(write_script(tmp_path, "ref_read.py", REF_READ), tmp_path / "spec.json", out,
-                  timeout=STEP_TIMEOUT)
-    results = json.loads((out / "results.json").read_text())
+    results, out = read_with_reference(run_reference, tmp_path, spec)
     for name, want in expected.items():
         res = results[name]
         assert res["ok"], res.get("tb", res)
