@@ -277,6 +277,28 @@ class NpyBackend(_Backend):
 # --------------------------------------------------------------------------- measurement
 
 
+REPEAT_WRITES_UNDER_S = 1.5
+
+
+def _write_once(backend, path: Path, src: Source, codec: str, dict_bytes, chunks) -> tuple[float, float]:
+    """Writes the store at ``path``: (seconds in append calls, seconds in close)."""
+    writer = backend.create(path, src, codec, dict_bytes)
+    append = backend.appender(writer)
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        for c in chunks:
+            append(c)
+        write_s = time.perf_counter() - t0
+    finally:
+        gc.enable()
+    del append
+    t0 = time.perf_counter()
+    backend.finish(writer)
+    return write_s, time.perf_counter() - t0
+
+
 def measure_codec(backend, src: Source, plan: np.ndarray, codec: str, spec: dict) -> dict:
     label = spec["label"]
     path = Path(spec["store_root"]) / codec
@@ -293,24 +315,24 @@ def measure_codec(backend, src: Source, plan: np.ndarray, codec: str, spec: dict
         res["dict_len"] = len(dict_bytes)
         _log(label, f"{codec}: train_dict(tier={spec['dict_tier']!r}) {res['train_s']:.2f} s -> {len(dict_bytes)} B")
 
-    # ---- write: the writer is created before timing; only append calls are timed.
+    # ---- write: the writer is created before timing; append calls and close are timed
+    # apart.  On a shared VM one write can land in a slow spell (copies into freshly
+    # allocated page-cache pages running at a fraction of their usual speed, whatever the
+    # backend), so a write that took under REPEAT_WRITES_UNDER_S is done three times, each
+    # on a fresh store after os.sync(), and the write with the median time is reported.
     chunks = src.chunks(int(spec["chunk"]))
-    writer = backend.create(path, src, codec, dict_bytes)
-    append = backend.appender(writer)
-    gc.collect()
-    gc.disable()
-    try:
-        t0 = time.perf_counter()
-        for c in chunks:
-            append(c)
-        res["write_s"] = time.perf_counter() - t0
-    finally:
-        gc.enable()
-    del append
-    t0 = time.perf_counter()
-    backend.finish(writer)
-    res["close_s"] = time.perf_counter() - t0
-    del writer, chunks
+    samples = []
+    while True:
+        if samples:
+            shutil.rmtree(path)
+            os.sync()
+        samples.append(_write_once(backend, path, src, codec, dict_bytes, chunks))
+        first = samples[0][0] + samples[0][1]
+        if first >= REPEAT_WRITES_UNDER_S or len(samples) == 3:
+            break
+    res["write_samples_s"] = [w + c for w, c in samples]
+    res["write_s"], res["close_s"] = sorted(samples, key=sum)[(len(samples) - 1) // 2]
+    del chunks
     res["disk_bytes"], res["disk_files"] = allocated_bytes(path)
     _log(label, f"{codec}: wrote {src.logical_bytes / 2**20:.1f} MiB in {res['write_s']:.2f} s, "
                f"disk {res['disk_bytes'] / 2**20:.1f} MiB")

@@ -20,7 +20,9 @@ Levels: zstd at -5, -1, 1, 3, 9, 19 and zstd_dict at 1, 3, 9, 19 (``--levels``,
 trained once by ``train_dict`` (not timed as writing). Then loaderx 2.0.0
 (``--reference-python``, run as a subprocess: same import name) writes the
 same records at its fixed levels (3, and 19 with the same dictionary), for
-comparison.
+comparison. Our default levels are also written with ``checksums=False``
+(frames without zstd's content checksum, like 2.0.0's), to show what the
+checksum costs.
 
 Columns: *write* divides the records' logical (uncompressed) bytes by the
 time of the append calls; *ratio* is logical bytes over allocated disk
@@ -117,9 +119,9 @@ def make_tokens(n: int, seed: int, corpus: Path, out: Path) -> str:
 class LevelBackend(worker.LoaderxBackend):
     """Our loaderx writing at ``level``, with one dictionary for every level."""
 
-    def __init__(self, level: int, dict_bytes: bytes | None):
+    def __init__(self, level: int, dict_bytes: bytes | None, checksums: bool = True):
         super().__init__()
-        self.level, self.dict_bytes = level, dict_bytes
+        self.level, self.dict_bytes, self.checksums = level, dict_bytes, checksums
 
     def train(self, src, tier):
         return self.dict_bytes
@@ -127,8 +129,9 @@ class LevelBackend(worker.LoaderxBackend):
     def create(self, path, src, codec, dict_bytes):
         if src.kind == "dense":
             return self.Dense.create(str(path), src.dtype, src.item_shape, codec=codec,
-                                     dict_bytes=dict_bytes, level=self.level)
-        return self.Ragged.create(str(path), src.dtype, codec=codec, dict_bytes=dict_bytes, level=self.level)
+                                     dict_bytes=dict_bytes, level=self.level, checksums=self.checksums)
+        return self.Ragged.create(str(path), src.dtype, codec=codec, dict_bytes=dict_bytes, level=self.level,
+                                  checksums=self.checksums)
 
 
 def summarize(res: dict) -> dict:
@@ -148,13 +151,16 @@ def run_ours(wl: dict, src, plan, args) -> list[dict]:
     (wl["dir"] / "dict.bin").write_bytes(blob)
     log(f"[{wl['name']}] train_dict(tier={args.dict_tier!r}) {wl['train_s']:.1f} s -> {len(blob):,} B")
     rows = []
-    cells = [("zstd", lv) for lv in args.levels] + [("zstd_dict", lv) for lv in args.dict_levels]
-    for codec, level in cells:
-        spec = {"label": f"ours {codec} {level}", "chunk": wl["chunk"],
+    cells = [("zstd", lv, True) for lv in args.levels] + [("zstd_dict", lv, True) for lv in args.dict_levels]
+    # The defaults once more without content checksums: frames like 2.0.0's, to show what they cost.
+    cells += [(codec, lv, False) for codec, lv in DEFAULTS.items()]
+    for codec, level, checksums in cells:
+        label = f"ours {codec} {level}" + ("" if checksums else " no-checksums")
+        spec = {"label": label, "chunk": wl["chunk"],
                 "store_root": str(wl["dir"] / "stores" / f"ours{level}"), "dict_tier": args.dict_tier}
-        backend = LevelBackend(level, blob if codec == "zstd_dict" else None)
+        backend = LevelBackend(level, blob if codec == "zstd_dict" else None, checksums)
         runs = [summarize(worker.measure_codec(backend, src, plan, codec, spec)) for _ in range(args.rounds)]
-        rows.append({"who": "ours", "codec": codec, "level": level, **median(runs)})
+        rows.append({"who": "ours", "codec": codec, "level": level, "checksums": checksums, **median(runs)})
         shutil.rmtree(spec["store_root"], ignore_errors=True)
     return rows
 
@@ -191,7 +197,8 @@ def run_reference(wl: dict, args) -> list[dict]:
                 log(f"[{wl['name']}] reference {res['codec']}: {res['error']}")
                 continue
             runs[res["codec"]].append(summarize(res))
-    return [{"who": "reference", "codec": c, "level": DEFAULTS[c], **median(r)} for c, r in runs.items() if r]
+    return [{"who": "reference", "codec": c, "level": DEFAULTS[c], "checksums": False, **median(r)}
+            for c, r in runs.items() if r]
 
 
 def median(runs: list[dict]) -> dict:
@@ -212,9 +219,18 @@ def render(wl: dict, rows: list[dict], args) -> str:
              "| writer | codec | level | write | ratio | gather | gather p50 |",
              "|---|---|---:|---:|---:|---:|---:|"]
     order = {"zstd": 0, "zstd_dict": 1}
-    for r in sorted(rows, key=lambda r: (order[r["codec"]], r["level"], r["who"] != "ours")):
+    rank = {"ours": 0, "ours-unchecked": 1, "reference": 2}
+
+    def place(r: dict) -> tuple:
+        who = "ours-unchecked" if r["who"] == "ours" and not r.get("checksums", True) else r["who"]
+        return order[r["codec"]], r["level"], rank[who]
+
+    for r in sorted(rows, key=place):
         who = "ours" if r["who"] == "ours" else f"loaderx {ref}"
-        level = f"{r['level']}" + (" (default)" if r["who"] == "ours" and DEFAULTS[r["codec"]] == r["level"] else "")
+        if r["who"] == "ours" and not r.get("checksums", True):
+            who = "ours, `checksums=False`"
+        default = r["who"] == "ours" and r.get("checksums", True) and DEFAULTS[r["codec"]] == r["level"]
+        level = f"{r['level']}" + (" (default)" if default else "")
         lines.append(f"| {who} | {r['codec']} | {level} | {zr._fmt(r['write_mib_s'])} MiB/s | "
                      f"{r['ratio']:.2f}x | {zr._fmt(r['gather_mib_s'])} MiB/s | {zr._fmt(r['p50_ms'])} ms |")
     lines.append("")

@@ -229,9 +229,12 @@ def render(report: dict, img_rel: str | None) -> str:
         "--img docs/img`). "
         + ("**Quick sizes (`--quick`).** " if args.get("quick") else "Full sizes. ")
         + "Every row is a fresh subprocess; all rows of a workload read the same source files and time the "
-        "same saved index plans. Reads come from the page cache (each store is read right after it was "
-        "written; caches are not dropped). The machine is shared and was busy with other builds: compare "
-        "rows within this run, not with other runs.",
+        "same saved index plans. Write is append plus close; a store written in under 1.5 s is written "
+        "three times (each on a fresh store, after `sync`) and the median write is reported, because the "
+        "first write of a fresh process on this VM often runs at a fraction of the later ones' speed, for "
+        "every backend alike. Reads come from the page cache (each store is read right after it was "
+        "written; caches are not dropped). The machine is a shared VM: compare rows within this run, not "
+        "with other runs.",
         "",
     ]
     lines += [*machine_md(report), "", *corpus_md(report)]

@@ -458,19 +458,33 @@ impl StoreWriter {
     }
 
     /// Raw Dense: the batch is already the payload, written in one call.
+    ///
+    /// The records' checksums are computed on the pool while this thread
+    /// writes: the write is a copy into the page cache, and hashing after it
+    /// (the earlier order) made a checksummed append about a fifth slower
+    /// than one without checksums.
     fn append_raw_contiguous(&mut self, data: &[u8], width: usize) -> Result<()> {
         let n = data.len() / width;
         self.reserve(n, data.len() as u64)?;
-        io::write_all_at(&self.data, data, self.tail).map_err(|e| self.data_err(e))?;
-        if self.sums.is_some() {
-            let hashes: Vec<u64> = pool::pool().install(|| {
-                data.par_chunks(width)
-                    .with_min_len(1024)
-                    .map(xxh3_64)
-                    .collect()
-            });
-            self.write_sums(&hashes)?;
-        }
+        let mut hashes: Vec<u64> = Vec::new();
+        let (file, at) = (&self.data, self.tail);
+        let written = if self.sums.is_some() {
+            pool::pool().in_place_scope(|scope| {
+                let hashes = &mut hashes;
+                scope.spawn(move |_| {
+                    *hashes = data
+                        .par_chunks(width)
+                        .with_min_len(1024)
+                        .map(xxh3_64)
+                        .collect();
+                });
+                io::write_all_at(file, data, at)
+            })
+        } else {
+            io::write_all_at(file, data, at)
+        };
+        written.map_err(|e| self.data_err(e))?;
+        self.write_sums(&hashes)?;
         let base = self.tail;
         let locs: Vec<RecordLoc> = (0..n)
             .map(|i| RecordLoc {
