@@ -17,12 +17,13 @@ For two workloads it writes one store per (codec, level) with
 
 Levels: zstd at -5, -1, 1, 3, 9, 19 and zstd_dict at 1, 3, 9, 19 (``--levels``,
 ``--dict-levels``). Every zstd_dict row of a workload uses one dictionary,
-trained once by ``train_dict`` (not timed as writing). Then loaderx 2.0.0
-(``--reference-python``, run as a subprocess: same import name) writes the
-same records at its fixed levels (3, and 19 with the same dictionary), for
-comparison. Our default levels are also written with ``checksums=False``
-(frames without zstd's content checksum, like 2.0.0's), to show what the
-checksum costs.
+trained once by ``train_dict`` (not timed as writing). Our default levels
+are also written with ``checksums=False`` (frames without zstd's content
+checksum, like 2.0.0's), to show what the checksum costs, and right after
+them loaderx 2.0.0 (``--reference-python``, run as a subprocess: same import
+name) writes the same records at its fixed levels (3, and 19 with the same
+dictionary). ``--rounds N`` repeats that whole sequence N times and reports
+medians, so the rows compared are always measured side by side.
 
 Columns: *write* divides the records' logical (uncompressed) bytes by the
 time of the append calls; *ratio* is logical bytes over allocated disk
@@ -141,7 +142,8 @@ def summarize(res: dict) -> dict:
     return s
 
 
-def run_ours(wl: dict, src, plan, args) -> list[dict]:
+def train(wl: dict, src, args) -> bytes:
+    """The one dictionary of every zstd_dict row of the workload (2.0.0's too)."""
     from loaderx.utils import train_dict
 
     data = src.array if src.kind == "dense" else src.records
@@ -150,32 +152,54 @@ def run_ours(wl: dict, src, plan, args) -> list[dict]:
     wl["train_s"], wl["dict_len"] = time.perf_counter() - t0, len(blob)
     (wl["dir"] / "dict.bin").write_bytes(blob)
     log(f"[{wl['name']}] train_dict(tier={args.dict_tier!r}) {wl['train_s']:.1f} s -> {len(blob):,} B")
-    rows = []
-    cells = [("zstd", lv, True) for lv in args.levels] + [("zstd_dict", lv, True) for lv in args.dict_levels]
-    # The defaults once more without content checksums: frames like 2.0.0's, to show what they cost.
-    cells += [(codec, lv, False) for codec, lv in DEFAULTS.items()]
-    for codec, level, checksums in cells:
-        label = f"ours {codec} {level}" + ("" if checksums else " no-checksums")
-        spec = {"label": label, "chunk": wl["chunk"],
-                "store_root": str(wl["dir"] / "stores" / f"ours{level}"), "dict_tier": args.dict_tier}
-        backend = LevelBackend(level, blob if codec == "zstd_dict" else None, checksums)
-        runs = [summarize(worker.measure_codec(backend, src, plan, codec, spec)) for _ in range(args.rounds)]
-        rows.append({"who": "ours", "codec": codec, "level": level, "checksums": checksums, **median(runs)})
+    return blob
+
+
+def cells(args) -> list[tuple[str, str, int, bool]]:
+    """(writer, codec, level, checksums) of every row, in the order they run:
+    2.0.0 right after our cells at its level, so the rows compared are
+    measured seconds apart."""
+    ours = [("ours", "zstd", lv, True) for lv in args.levels]
+    ours += [("ours", "zstd_dict", lv, True) for lv in args.dict_levels]
+    out = []
+    for cell in ours:
+        out.append(cell)
+        _, codec, level, _ = cell
+        if DEFAULTS[codec] == level:
+            # The default once more without content checksums (frames like 2.0.0's), then 2.0.0.
+            out.append(("ours", codec, level, False))
+            if not args.no_reference:
+                out.append(("reference", codec, level, False))
+    for codec, level in DEFAULTS.items():
+        # Without our cell at 2.0.0's level (--levels left it out), 2.0.0 still runs, last.
+        if not args.no_reference and ("reference", codec, level, False) not in out:
+            out.append(("reference", codec, level, False))
+    return out
+
+
+def run_ours(wl: dict, src, plan, args, blob: bytes, codec: str, level: int, checksums: bool) -> dict:
+    """One round of one of our cells."""
+    label = f"ours {codec} {level}" + ("" if checksums else " no-checksums")
+    spec = {"label": label, "chunk": wl["chunk"],
+            "store_root": str(wl["dir"] / "stores" / f"ours{level}"), "dict_tier": args.dict_tier}
+    backend = LevelBackend(level, blob if codec == "zstd_dict" else None, checksums)
+    try:
+        return summarize(worker.measure_codec(backend, src, plan, codec, spec))
+    finally:
         shutil.rmtree(spec["store_root"], ignore_errors=True)
-    return rows
 
 
-def run_reference(wl: dict, args) -> list[dict]:
+def run_reference(wl: dict, args, codec: str) -> dict | None:
+    """One round of loaderx 2.0.0 writing ``codec`` at its fixed level, in its own interpreter."""
     if not args.reference_python.exists():
         log(f"no reference interpreter at {args.reference_python}: reference rows left out")
-        return []
+        return None
     spec = {"workload": wl["name"], "kind": wl["kind"], "source_dir": str(wl["source"]),
             "plan": str(wl["plan"]), "backend": "loaderx", "label": "loaderx 2.0.0",
-            "codecs": ["zstd", "zstd_dict"], "chunk": wl["chunk"], "dict_tier": args.dict_tier,
+            "codecs": [codec], "chunk": wl["chunk"], "dict_tier": args.dict_tier,
             "store_root": str(wl["dir"] / "stores" / "reference"), "keep_stores": False}
     path = wl["dir"] / "spec-reference.json"
     path.write_text(json.dumps(spec))
-    runs: dict[str, list] = {"zstd": [], "zstd_dict": []}
     # The worker, with our dictionary in place of its own training, so both
     # write the same frames' content. -I: the reference imports its own
     # loaderx, never this repo's (benches/ holds no package of that name).
@@ -183,22 +207,37 @@ def run_reference(wl: dict, args) -> list[dict]:
             f"blob = open({str(wl['dir'] / 'dict.bin')!r}, 'rb').read(); "
             "w.LoaderxBackend.train = lambda self, src, tier: blob; "
             f"sys.exit(w.main(['_zrecord_worker.py', {str(path)!r}]))")
+    proc = subprocess.run([str(args.reference_python), "-I", "-c", code],
+                          stdout=subprocess.PIPE, text=True, cwd=str(wl["dir"]))
+    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
+    if line is None:
+        log(f"[{wl['name']}] reference: no result (exit {proc.returncode})")
+        return None
+    out = json.loads(line)
+    wl["reference_version"] = out.get("info", {}).get("loaderx_version", "2.0.0")
+    res = out["results"][0]
+    if "error" in res:
+        log(f"[{wl['name']}] reference {codec}: {res['error']}")
+        return None
+    return summarize(res)
+
+
+def measure(wl: dict, src, plan, args) -> list[dict]:
+    """Every row, as the median of ``args.rounds`` rounds. Each round runs
+    every cell once (see ``cells``), so a slow spell of the machine falls on
+    the cells of that moment in one round, not on all rounds of one cell."""
+    blob = train(wl, src, args)
+    runs: dict[tuple, list[dict]] = {}
     for _ in range(args.rounds):
-        proc = subprocess.run([str(args.reference_python), "-I", "-c", code],
-                              stdout=subprocess.PIPE, text=True, cwd=str(wl["dir"]))
-        line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
-        if line is None:
-            log(f"[{wl['name']}] reference: no result (exit {proc.returncode})")
-            return []
-        out = json.loads(line)
-        wl["reference_version"] = out.get("info", {}).get("loaderx_version", "2.0.0")
-        for res in out["results"]:
-            if "error" in res:
-                log(f"[{wl['name']}] reference {res['codec']}: {res['error']}")
-                continue
-            runs[res["codec"]].append(summarize(res))
-    return [{"who": "reference", "codec": c, "level": DEFAULTS[c], "checksums": False, **median(r)}
-            for c, r in runs.items() if r]
+        for who, codec, level, checksums in cells(args):
+            if who == "ours":
+                numbers = run_ours(wl, src, plan, args, blob, codec, level, checksums)
+            else:
+                numbers = run_reference(wl, args, codec)
+            if numbers is not None:
+                runs.setdefault((who, codec, level, checksums), []).append(numbers)
+    return [{"who": who, "codec": codec, "level": level, "checksums": checksums, **median(r)}
+            for (who, codec, level, checksums), r in runs.items()]
 
 
 def median(runs: list[dict]) -> dict:
@@ -318,9 +357,7 @@ def main(argv=None) -> int:
         wl = {"name": name, "title": spec["title"], "kind": spec["kind"], "dir": wdir, "source": src_dir,
               "plan": wdir / "plan.npy", "records": src.n, "logical_bytes": src.logical_bytes,
               "chunk": spec["chunk"], "batch": spec["batch"], "batches": batches, "source_desc": desc}
-        rows = run_ours(wl, src, plan.astype(np.int64), args)
-        if not args.no_reference:
-            rows += run_reference(wl, args)
+        rows = measure(wl, src, plan.astype(np.int64), args)
         tables.append(render(wl, rows, args))
         print(tables[-1], flush=True)
         report["workloads"][name] = {k: (str(v) if isinstance(v, Path) else v) for k, v in wl.items()} | {"rows": rows}
