@@ -36,7 +36,7 @@ use xxhash_rust::xxh3::xxh3_64;
 /// compressed frames of one window can take.
 const WINDOW_BYTES: usize = 64 << 20;
 /// Most input bytes per compression task (at fast levels; see [`task_bytes`]).
-const TASK_BYTES: usize = 1 << 20;
+const TASK_BYTES: usize = 256 << 10;
 /// Fewest input bytes per compression task (below this, a task costs more
 /// to schedule than to run).
 const MIN_TASK_BYTES: usize = 32 << 10;
@@ -556,11 +556,13 @@ impl StoreWriter {
                 window_bytes += source.len_of(end);
                 end += 1;
             }
-            // About four tasks per thread, so a small append still uses every
-            // core; smaller ones at slow levels, so no thread is left with a
-            // long task while the others wait at the end of the append.
+            // About eight tasks per thread, so a small append still uses every
+            // core and the last task, which one thread finishes while the
+            // others wait, is a small part of the append (four tasks of up to
+            // 1 MiB kept 64-image appends at 1.77 cores of 2; now 1.89);
+            // smaller ones at slow levels.
             let target =
-                (window_bytes / (pool::threads() * 4)).clamp(MIN_TASK_BYTES, task_bytes(level));
+                (window_bytes / (pool::threads() * 8)).clamp(MIN_TASK_BYTES, task_bytes(level));
             let tasks = split_by_bytes(source, start..end, target);
             let mut slices = Vec::with_capacity(tasks.len());
             let mut rest = &mut locs[start..end];
@@ -709,10 +711,10 @@ struct TaskState<'d> {
     scratch: Vec<u8>,
 }
 
-/// Most input bytes per compression task at `level`: a millisecond or more
-/// of one core's work, so scheduling stays cheap, but not so much that one
-/// thread is still on a long task while the others wait at the end of an
-/// append. zstd compresses about 0.5-1 GB/s per core up to level 4,
+/// Most input bytes per compression task at `level`: a few hundred
+/// microseconds or more of one core's work, so scheduling stays cheap, but
+/// not so much that one thread is still on a long task while the others
+/// wait at the end of an append. zstd compresses about 0.5-1 GB/s per core up to level 4,
 /// 50-150 MB/s at levels 5-12 and 1-40 MB/s from 13 on (where records
 /// larger than [`MIN_TASK_BYTES`] become a task each: before, a level-19
 /// append of 147 KiB images went out in 7-record tasks of about 0.3 s).
