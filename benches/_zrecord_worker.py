@@ -316,10 +316,10 @@ def measure_codec(backend, src: Source, plan: np.ndarray, codec: str, spec: dict
         _log(label, f"{codec}: train_dict(tier={spec['dict_tier']!r}) {res['train_s']:.2f} s -> {len(dict_bytes)} B")
 
     # ---- write: the writer is created before timing; append calls and close are timed
-    # apart.  On a shared VM one write can land in a slow spell (copies into freshly
-    # allocated page-cache pages running at a fraction of their usual speed, whatever the
-    # backend), so a write that took under REPEAT_WRITES_UNDER_S is done three times, each
-    # on a fresh store after os.sync(), and the write with the median time is reported.
+    # apart.  On this shared VM the first write of a process often runs at a fraction of
+    # the speed of the next ones, whatever the backend (most likely fresh page-cache pages
+    # the host has to back again), so a write that took under REPEAT_WRITES_UNDER_S is done
+    # three times, each on a fresh store after os.sync(), and the median write is reported.
     chunks = src.chunks(int(spec["chunk"]))
     samples = []
     while True:
@@ -327,8 +327,8 @@ def measure_codec(backend, src: Source, plan: np.ndarray, codec: str, spec: dict
             shutil.rmtree(path)
             os.sync()
         samples.append(_write_once(backend, path, src, codec, dict_bytes, chunks))
-        first = samples[0][0] + samples[0][1]
-        if first >= REPEAT_WRITES_UNDER_S or len(samples) == 3:
+        first_s = sum(samples[0])
+        if first_s >= REPEAT_WRITES_UNDER_S or len(samples) == 3:
             break
     res["write_samples_s"] = [w + c for w, c in samples]
     res["write_s"], res["close_s"] = sorted(samples, key=sum)[(len(samples) - 1) // 2]

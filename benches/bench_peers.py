@@ -19,8 +19,9 @@ source files and the same saved index plans (the same batches of indices,
 from ``--seed``).  Each row writes its store (``append`` of chunks of
 ``--chunk`` records, then ``close``; *write* = logical bytes / (append time +
 close time); a write under 1.5 s is done three times on fresh stores and the
-median kept, see ``_zrecord_worker.measure_codec``), checks every planned batch for exact dtype, shape and values,
-gathers one warm-up batch and times each planned batch once.  Reads come from
+median kept, see ``_zrecord_worker.measure_codec``), checks every planned
+batch for exact dtype, shape and values, gathers one warm-up batch and times
+each planned batch once.  Reads come from
 the page cache (the store was just written; caches are not dropped): this
 measures CPU cost of decoding and copying, not a disk.
 
