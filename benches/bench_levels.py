@@ -191,9 +191,6 @@ def run_ours(wl: dict, src, plan, args, blob: bytes, codec: str, level: int, che
 
 def run_reference(wl: dict, args, codec: str) -> dict | None:
     """One round of loaderx 2.0.0 writing ``codec`` at its fixed level, in its own interpreter."""
-    if not args.reference_python.exists():
-        log(f"no reference interpreter at {args.reference_python}: reference rows left out")
-        return None
     spec = {"workload": wl["name"], "kind": wl["kind"], "source_dir": str(wl["source"]),
             "plan": str(wl["plan"]), "backend": "loaderx", "label": "loaderx 2.0.0",
             "codecs": [codec], "chunk": wl["chunk"], "dict_tier": args.dict_tier,
@@ -326,10 +323,13 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if not args.no_reference and not args.reference_python.exists():
+        log(f"no reference interpreter at {args.reference_python}: reference rows left out")
+        args.no_reference = True
     t_start = time.perf_counter()
     machine = zr.machine_info()
     impls = {"ours": worker.probe("loaderx")}
-    if not args.no_reference and args.reference_python.exists():
+    if not args.no_reference:
         proc = subprocess.run([str(args.reference_python), "-I", str(HERE / "_zrecord_worker.py"), "--probe"],
                               stdout=subprocess.PIPE, text=True)
         impls["reference"] = json.loads(proc.stdout.strip().splitlines()[-1])
